@@ -1,0 +1,237 @@
+// Package config loads and validates the configuration file shared by the
+// webhook and the aggregator (--config). It owns the file's schema and its
+// defaults; it knows nothing of Kubernetes clients.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/yaml"
+)
+
+// Count names one of the counts the aggregator computes for a parent.
+type Count string
+
+// The counts a parent kind can map to status fields. See the product
+// specification for their exact definitions.
+const (
+	Completing Count = "completing"
+	Completed  Count = "completed"
+	Active     Count = "active"
+	Unexpected Count = "unexpected"
+)
+
+// Counts lists every valid count, in a fixed order.
+var Counts = []Count{Completing, Completed, Active, Unexpected}
+
+// DefaultCounts is the mapping used when a parent kind maps no counts.
+var DefaultCounts = map[Count]string{Completing: "status.completing"}
+
+// Config is the parsed configuration file.
+type Config struct {
+	// Parents are the parent kinds whose pods tally tracks.
+	Parents []Parent `json:"parents"`
+	// VerifyOwner makes the webhook confirm, from an informer cache, that a
+	// pod's owner exists with the referenced UID before stamping the pod.
+	VerifyOwner bool `json:"verifyOwner"`
+}
+
+// Parent is one tracked parent kind.
+type Parent struct {
+	// Group is the API group of the kind; empty for the core group.
+	Group string `json:"group"`
+	// Version is the API version the aggregator watches and writes.
+	Version string `json:"version"`
+	// Kind is the kind's name, e.g. WorkerPool.
+	Kind string `json:"kind"`
+	// Resource is the plural resource name; resolved through discovery when
+	// empty.
+	Resource string `json:"resource,omitempty"`
+	// Counts maps count names to dotted status field paths. After Parse it
+	// is never empty: DefaultCounts applies when the file maps none.
+	Counts map[Count]string `json:"counts,omitempty"`
+}
+
+// GroupVersionKind returns the kind's GroupVersionKind.
+func (p Parent) GroupVersionKind() schema.GroupVersionKind {
+	return schema.GroupVersionKind{Group: p.Group, Version: p.Version, Kind: p.Kind}
+}
+
+// GroupKind returns the kind's GroupKind.
+func (p Parent) GroupKind() schema.GroupKind {
+	return schema.GroupKind{Group: p.Group, Kind: p.Kind}
+}
+
+// Field is one mapped status field: a count and the path it is written to.
+type Field struct {
+	Count Count
+	// Path is the field path split on dots, starting with "status".
+	Path []string
+}
+
+// Fields returns the parent's mapped fields in the fixed order of Counts.
+func (p Parent) Fields() []Field {
+	fields := make([]Field, 0, len(p.Counts))
+	for _, c := range Counts {
+		if path, ok := p.Counts[c]; ok {
+			fields = append(fields, Field{Count: c, Path: strings.Split(path, ".")})
+		}
+	}
+	return fields
+}
+
+// Load reads and validates the configuration file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading config: %w", err)
+	}
+	cfg, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse decodes a configuration document, rejecting unknown keys, validates
+// it and applies defaults.
+func Parse(data []byte) (*Config, error) {
+	if err := checkKeys(data); err != nil {
+		return nil, err
+	}
+	var cfg Config
+	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+		return nil, fmt.Errorf("decoding: %w", err)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Parents {
+		if len(cfg.Parents[i].Counts) == 0 {
+			cfg.Parents[i].Counts = maps.Clone(DefaultCounts)
+		}
+	}
+	return &cfg, nil
+}
+
+var (
+	topKeys    = []string{"parents", "verifyOwner"}
+	parentKeys = []string{"group", "version", "kind", "resource", "counts"}
+)
+
+// checkKeys rejects keys the schema does not know, naming each by its path.
+func checkKeys(data []byte) error {
+	var doc map[string]any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return fmt.Errorf("decoding: %w", err)
+	}
+	var errs []error
+	for _, k := range slices.Sorted(maps.Keys(doc)) {
+		if !slices.Contains(topKeys, k) {
+			errs = append(errs, fmt.Errorf("%s: unknown key", k))
+		}
+	}
+	parents, _ := doc["parents"].([]any)
+	for i, p := range parents {
+		fields, _ := p.(map[string]any)
+		for _, k := range slices.Sorted(maps.Keys(fields)) {
+			if !slices.Contains(parentKeys, k) {
+				errs = append(errs, fmt.Errorf("parents[%d].%s: unknown key", i, k))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+var (
+	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	kindName     = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
+	fieldSegment = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+func (c *Config) validate() error {
+	if len(c.Parents) == 0 {
+		return errors.New("parents: at least one parent kind is required")
+	}
+	var errs []error
+	seen := map[schema.GroupKind]int{}
+	for i, p := range c.Parents {
+		at := fmt.Sprintf("parents[%d]", i)
+		switch {
+		case p.Kind == "":
+			errs = append(errs, fmt.Errorf("%s.kind: required", at))
+		case !kindName.MatchString(p.Kind):
+			errs = append(errs, fmt.Errorf("%s.kind: %q is not a kind name (e.g. WorkerPool)", at, p.Kind))
+		}
+		if p.Version == "" {
+			errs = append(errs, fmt.Errorf("%s.version: required", at))
+		} else if !dnsLabel.MatchString(p.Version) {
+			errs = append(errs, fmt.Errorf("%s.version: %q is not a valid API version", at, p.Version))
+		}
+		if p.Group != "" && !validGroup(p.Group) {
+			errs = append(errs, fmt.Errorf("%s.group: %q is not a valid API group", at, p.Group))
+		}
+		if p.Resource != "" && !dnsLabel.MatchString(p.Resource) {
+			errs = append(errs, fmt.Errorf("%s.resource: %q is not a valid resource name", at, p.Resource))
+		}
+		if j, dup := seen[p.GroupKind()]; dup && p.Kind != "" {
+			errs = append(errs, fmt.Errorf("%s: kind %s is already configured at parents[%d]", at, p.GroupKind(), j))
+		}
+		seen[p.GroupKind()] = i
+		errs = append(errs, validateCounts(at, p.Counts)...)
+	}
+	return errors.Join(errs...)
+}
+
+func validGroup(g string) bool {
+	for _, part := range strings.Split(g, ".") {
+		if !dnsLabel.MatchString(part) {
+			return false
+		}
+	}
+	return len(g) <= 253
+}
+
+func validateCounts(at string, counts map[Count]string) []error {
+	var errs []error
+	paths := map[string]Count{}
+	names := make([]string, 0, len(counts))
+	for c := range counts {
+		names = append(names, string(c))
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		c := Count(name)
+		path := counts[c]
+		key := fmt.Sprintf("%s.counts.%s", at, c)
+		if !slices.Contains(Counts, c) {
+			errs = append(errs, fmt.Errorf("%s: unknown count %q, must be one of completing, completed, active, unexpected", key, c))
+			continue
+		}
+		segments := strings.Split(path, ".")
+		if len(segments) < 2 || segments[0] != "status" {
+			errs = append(errs, fmt.Errorf("%s: field path %q must be under status. (e.g. status.%s)", key, path, c))
+			continue
+		}
+		for _, s := range segments[1:] {
+			if !fieldSegment.MatchString(s) {
+				errs = append(errs, fmt.Errorf("%s: field path %q has an invalid segment %q", key, path, s))
+				break
+			}
+		}
+		for other, oc := range paths {
+			if other == path || strings.HasPrefix(other, path+".") || strings.HasPrefix(path, other+".") {
+				errs = append(errs, fmt.Errorf("%s: field path %q overlaps %q, mapped by count %s", key, path, other, oc))
+			}
+		}
+		paths[path] = c
+	}
+	return errs
+}

@@ -1,0 +1,151 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseValid(t *testing.T) {
+	tests := map[string]struct {
+		doc  string
+		want Config
+	}{
+		"defaults counts to completing": {
+			doc: `
+parents:
+  - group: example.tally.dev
+    version: v1
+    kind: WorkerPool
+`,
+			want: Config{Parents: []Parent{{
+				Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool",
+				Counts: map[Count]string{Completing: "status.completing"},
+			}}},
+		},
+		"explicit mapping, core group, verifyOwner": {
+			doc: `
+parents:
+  - group: example.tally.dev
+    version: v1
+    kind: WorkerPool
+    resource: workerpools
+    counts:
+      completing: status.completing
+      active: status.pods.active
+  - group: ""
+    version: v1
+    kind: ReplicationController
+verifyOwner: true
+`,
+			want: Config{
+				VerifyOwner: true,
+				Parents: []Parent{
+					{
+						Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Resource: "workerpools",
+						Counts: map[Count]string{Completing: "status.completing", Active: "status.pods.active"},
+					},
+					{Version: "v1", Kind: "ReplicationController", Counts: map[Count]string{Completing: "status.completing"}},
+				},
+			},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tc.doc))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, *cfg)
+		})
+	}
+}
+
+func TestParseInvalid(t *testing.T) {
+	tests := map[string]struct {
+		doc     string
+		wantErr string
+	}{
+		"unknown top-level key": {
+			doc:     "parents: [{version: v1, kind: A}]\nverifyOwnr: true\n",
+			wantErr: `verifyOwnr: unknown key`,
+		},
+		"unknown parent key": {
+			doc:     "parents: [{version: v1, kind: A, resources: as}]\n",
+			wantErr: `parents[0].resources: unknown key`,
+		},
+		"no parents": {
+			doc:     "verifyOwner: true\n",
+			wantErr: "parents: at least one parent kind is required",
+		},
+		"missing kind": {
+			doc:     "parents: [{group: example.tally.dev, version: v1}]\n",
+			wantErr: "parents[0].kind: required",
+		},
+		"missing version": {
+			doc:     "parents: [{kind: A}]\n",
+			wantErr: "parents[0].version: required",
+		},
+		"bad group": {
+			doc:     "parents: [{group: Example_Group, version: v1, kind: A}]\n",
+			wantErr: `parents[0].group: "Example_Group" is not a valid API group`,
+		},
+		"unknown count": {
+			doc:     "parents: [{version: v1, kind: A, counts: {finished: status.finished}}]\n",
+			wantErr: `parents[0].counts.finished: unknown count "finished"`,
+		},
+		"path outside status": {
+			doc:     "parents: [{version: v1, kind: A, counts: {completing: spec.completing}}]\n",
+			wantErr: `parents[0].counts.completing: field path "spec.completing" must be under status.`,
+		},
+		"bare status path": {
+			doc:     "parents: [{version: v1, kind: A, counts: {completing: status}}]\n",
+			wantErr: `parents[0].counts.completing: field path "status" must be under status.`,
+		},
+		"empty path segment": {
+			doc:     "parents: [{version: v1, kind: A, counts: {completing: status..x}}]\n",
+			wantErr: `parents[0].counts.completing: field path "status..x" has an invalid segment ""`,
+		},
+		"overlapping paths": {
+			doc:     "parents: [{version: v1, kind: A, counts: {active: status.a, completing: status.a.b}}]\n",
+			wantErr: `overlaps "status.a"`,
+		},
+		"duplicate kind": {
+			doc:     "parents: [{version: v1, kind: A}, {version: v2, kind: A}]\n",
+			wantErr: "parents[1]: kind A is already configured at parents[0]",
+		},
+		"wrong type": {
+			doc:     "parents: [{version: v1, kind: A}]\nverifyOwner: yes please\n",
+			wantErr: "verifyOwner",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.doc))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.wantErr)
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("parents: [{version: v1, kind: A, counts: {x: status.x}}]\n"), 0o600))
+
+	_, err := Load(path)
+	require.ErrorContains(t, err, "config "+path+": parents[0].counts.x: unknown count")
+
+	_, err = Load(filepath.Join(dir, "missing.yaml"))
+	require.ErrorContains(t, err, "reading config")
+}
+
+func TestFieldsOrder(t *testing.T) {
+	p := Parent{Counts: map[Count]string{Unexpected: "status.u", Completing: "status.c.n", Active: "status.a"}}
+	assert.Equal(t, []Field{
+		{Count: Completing, Path: []string{"status", "c", "n"}},
+		{Count: Active, Path: []string{"status", "a"}},
+		{Count: Unexpected, Path: []string{"status", "u"}},
+	}, p.Fields())
+}

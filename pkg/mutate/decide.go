@@ -1,0 +1,230 @@
+package mutate
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"tally.dev/tally/pkg/keys"
+)
+
+// Operation is the admission operation of a request.
+type Operation string
+
+// The operations the webhook acts on; any other is allowed untouched.
+const (
+	Create Operation = "CREATE"
+	Update Operation = "UPDATE"
+)
+
+// PodMeta is the part of a pod the decision reads.
+type PodMeta struct {
+	Namespace       string                  `json:"namespace,omitempty"`
+	Labels          map[string]string       `json:"labels,omitempty"`
+	Annotations     map[string]string       `json:"annotations,omitempty"`
+	OwnerReferences []metav1.OwnerReference `json:"ownerReferences,omitempty"`
+}
+
+// Input is one admission request, reduced to what the decision needs.
+type Input struct {
+	Operation Operation
+	// User is the requester's username.
+	User string
+	// Pod is the pod as the client wants it to be.
+	Pod *PodMeta
+	// Old is the stored pod, on UPDATE.
+	Old *PodMeta
+	// Now is the time at which the request is admitted.
+	Now time.Time
+}
+
+// Decision is the webhook's answer to one request.
+type Decision struct {
+	// Denied, when not empty, refuses the request with this message.
+	Denied string
+	// Patch holds the operations that bring the pod in line with the
+	// contract; empty when it already is.
+	Patch []PatchOp
+	// Warnings are returned to the client.
+	Warnings []string
+}
+
+// Owner identifies a pod's controller owner of a tracked kind.
+type Owner struct {
+	GroupKind schema.GroupKind
+	Name      string
+	UID       types.UID
+}
+
+// Identity returns the owner's full identity, as written to the
+// keys.Parent annotation: "<Kind>.<group>/<name>", or "<Kind>/<name>" for
+// the core group.
+func (o Owner) Identity() string {
+	if o.GroupKind.Group == "" {
+		return o.GroupKind.Kind + "/" + o.Name
+	}
+	return o.GroupKind.Kind + "." + o.GroupKind.Group + "/" + o.Name
+}
+
+// OwnerChecker confirms that an owner exists in a namespace with the
+// referenced UID. It returns a reason when it does not.
+type OwnerChecker interface {
+	CheckOwner(namespace string, owner Owner) (ok bool, reason string)
+}
+
+// reasonToken is the form of a completion-intent reason.
+var reasonToken = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// intentClockSkew bounds how far a completion-intent-at value already on a
+// pod may lie from now and still be taken as the webhook's own stamp from an
+// earlier invocation of the same request (reinvocation, another replica).
+const intentClockSkew = 2 * time.Minute
+
+// Decide applies the pod metadata contract to one request. tracked holds the
+// parent kinds; checker, when not nil, verifies owners before stamping.
+func Decide(in Input, tracked map[schema.GroupKind]bool, checker OwnerChecker) Decision {
+	if (in.Operation != Create && in.Operation != Update) || in.Pod == nil {
+		return Decision{}
+	}
+	owner, isTracked := trackedOwner(in.Pod, tracked)
+	if !isTracked && !carriesTallyKeys(in.Pod) && (in.Old == nil || !carriesTallyKeys(in.Old)) {
+		return Decision{}
+	}
+
+	var d Decision
+	if denied := checkIntent(in); denied != "" {
+		return Decision{Denied: denied}
+	}
+
+	if isTracked && checker != nil && !alreadyStamped(in, owner) {
+		if ok, reason := checker.CheckOwner(in.Pod.Namespace, owner); !ok {
+			isTracked = false
+			d.Warnings = append(d.Warnings, fmt.Sprintf("tally: pod not stamped with its parent's identity: %s", reason))
+		}
+	}
+
+	var want identity
+	if isTracked {
+		want = identityOf(owner)
+	}
+	p := patcher{in: in, d: &d}
+	p.label(keys.ParentUID, want.uid, want.hasUID)
+	p.label(keys.ParentName, want.name, want.hasName)
+	p.annotation(keys.Parent, want.parent, want.hasParent)
+
+	at, by, hasIntentStamp := intentStamp(in)
+	p.annotation(keys.CompletionIntentAt, at, hasIntentStamp)
+	p.annotation(keys.CompletionIntentBy, by, hasIntentStamp)
+	return d
+}
+
+// trackedOwner returns the pod's controller owner when it is of a tracked
+// kind.
+func trackedOwner(pod *PodMeta, tracked map[schema.GroupKind]bool) (Owner, bool) {
+	for _, ref := range pod.OwnerReferences {
+		if ref.Controller == nil || !*ref.Controller {
+			continue
+		}
+		group := ref.APIVersion
+		if i := strings.LastIndexByte(group, '/'); i >= 0 {
+			group = group[:i]
+		} else {
+			group = ""
+		}
+		gk := schema.GroupKind{Group: group, Kind: ref.Kind}
+		if !tracked[gk] {
+			return Owner{}, false
+		}
+		return Owner{GroupKind: gk, Name: ref.Name, UID: ref.UID}, true
+	}
+	return Owner{}, false
+}
+
+func carriesTallyKeys(pod *PodMeta) bool {
+	for k := range pod.Labels {
+		if strings.HasPrefix(k, "tally.dev/") {
+			return true
+		}
+	}
+	for k := range pod.Annotations {
+		if strings.HasPrefix(k, "tally.dev/") {
+			return true
+		}
+	}
+	return false
+}
+
+// alreadyStamped reports whether an UPDATE keeps the identity the stored pod
+// already carries for this owner, so that the owner need not be checked
+// again.
+func alreadyStamped(in Input, owner Owner) bool {
+	return in.Operation == Update && in.Old != nil &&
+		in.Old.Labels[keys.ParentUID] == string(owner.UID) &&
+		in.Old.Annotations[keys.Parent] == owner.Identity()
+}
+
+type identity struct {
+	uid, name, parent          string
+	hasUID, hasName, hasParent bool
+}
+
+func identityOf(o Owner) identity {
+	id := identity{uid: string(o.UID), hasUID: true, parent: o.Identity(), hasParent: true}
+	if len(validation.IsValidLabelValue(o.Name)) == 0 {
+		id.name, id.hasName = o.Name, true
+	}
+	return id
+}
+
+// checkIntent returns a denial message when the request changes or removes
+// an admitted intent, or sets an invalid reason.
+func checkIntent(in Input) string {
+	reason, has := in.Pod.Annotations[keys.CompletionIntent]
+	if in.Old != nil {
+		if old, had := in.Old.Annotations[keys.CompletionIntent]; had {
+			switch {
+			case !has:
+				return fmt.Sprintf("annotation %s is sticky: it was set to %q and cannot be removed", keys.CompletionIntent, old)
+			case reason != old:
+				return fmt.Sprintf("annotation %s is sticky: it was set to %q and cannot be changed to %q", keys.CompletionIntent, old, reason)
+			}
+			return ""
+		}
+	}
+	if has && !reasonToken.MatchString(reason) {
+		return fmt.Sprintf("annotation %s: %q is not a valid reason: it must be 1 to 63 lowercase letters, digits or '-', starting and ending with a letter or digit (e.g. scale-down)", keys.CompletionIntent, reason)
+	}
+	return ""
+}
+
+// intentStamp returns the -at and -by values the pod must carry, and false
+// when it must carry neither.
+func intentStamp(in Input) (at, by string, ok bool) {
+	if _, has := in.Pod.Annotations[keys.CompletionIntent]; !has {
+		return "", "", false
+	}
+	if in.Old != nil {
+		if _, had := in.Old.Annotations[keys.CompletionIntent]; had {
+			// Admitted before: keep what was stamped then.
+			at, hasAt := in.Old.Annotations[keys.CompletionIntentAt]
+			by, hasBy := in.Old.Annotations[keys.CompletionIntentBy]
+			if hasAt && hasBy {
+				return at, by, true
+			}
+			return "", "", false
+		}
+	}
+	if at, ok := in.Pod.Annotations[keys.CompletionIntentAt]; ok && in.Pod.Annotations[keys.CompletionIntentBy] == in.User {
+		if t, err := time.Parse(time.RFC3339, at); err == nil && t.Location() == time.UTC &&
+			t.After(in.Now.Add(-intentClockSkew)) && t.Before(in.Now.Add(intentClockSkew)) {
+			return at, in.User, true
+		}
+	}
+	return in.Now.UTC().Format(time.RFC3339), in.User, true
+}

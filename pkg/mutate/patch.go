@@ -1,0 +1,159 @@
+package mutate
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// PatchOp is one RFC 6902 JSON patch operation on a pod's metadata.
+type PatchOp struct {
+	Op   string
+	Path string
+	// Value is a string, or a map[string]string when the operation creates
+	// the labels or annotations map itself. Unused by "remove".
+	Value any
+}
+
+// patcher collects the operations that bring each key of one request to
+// the value it must have, with a warning for each value a client supplied
+// that had to be set back.
+type patcher struct {
+	in Input
+	d  *Decision
+	// created records that an earlier operation created the map, so later
+	// keys are added into it rather than creating it again.
+	createdLabels, createdAnnotations bool
+}
+
+func (p *patcher) label(key, want string, present bool) {
+	p.set("labels", "label", p.in.Pod.Labels, oldMap(p.in.Old, true), &p.createdLabels, key, want, present)
+}
+
+func (p *patcher) annotation(key, want string, present bool) {
+	p.set("annotations", "annotation", p.in.Pod.Annotations, oldMap(p.in.Old, false), &p.createdAnnotations, key, want, present)
+}
+
+func oldMap(old *PodMeta, labels bool) map[string]string {
+	switch {
+	case old == nil:
+		return nil
+	case labels:
+		return old.Labels
+	default:
+		return old.Annotations
+	}
+}
+
+func (p *patcher) set(field, noun string, current, old map[string]string, created *bool, key, want string, present bool) {
+	got, has := current[key]
+	if has == present && got == want {
+		return
+	}
+	path := "/metadata/" + field
+	switch {
+	case !present:
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "remove", Path: path + "/" + escapePointer(key)})
+		p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: %s %s removed: only the tally webhook sets it, and this pod must not carry it", noun, key))
+		return
+	case has:
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "replace", Path: path + "/" + escapePointer(key), Value: want})
+		p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: %s %s set back to %q: only the tally webhook sets it", noun, key, want))
+		return
+	case current == nil && !*created:
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: path, Value: map[string]string{key: want}})
+		*created = true
+	default:
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: path + "/" + escapePointer(key), Value: want})
+	}
+	if _, had := old[key]; had {
+		p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: %s %s restored to %q: only the tally webhook sets or removes it", noun, key, want))
+	}
+}
+
+// escapePointer escapes a map key for use as an RFC 6901 JSON pointer token.
+func escapePointer(key string) string {
+	if !strings.ContainsAny(key, "~/") {
+		return key
+	}
+	return strings.ReplaceAll(strings.ReplaceAll(key, "~", "~0"), "/", "~1")
+}
+
+// AppendPatch appends the JSON encoding of ops to buf.
+func AppendPatch(buf []byte, ops []PatchOp) []byte {
+	buf = append(buf, '[')
+	for i, op := range ops {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, `{"op":`...)
+		buf = appendString(buf, op.Op)
+		buf = append(buf, `,"path":`...)
+		buf = appendString(buf, op.Path)
+		switch v := op.Value.(type) {
+		case string:
+			buf = append(buf, `,"value":`...)
+			buf = appendString(buf, v)
+		case map[string]string:
+			buf = append(buf, `,"value":{`...)
+			for j, k := range slices.Sorted(maps.Keys(v)) {
+				if j > 0 {
+					buf = append(buf, ',')
+				}
+				buf = appendString(buf, k)
+				buf = append(buf, ':')
+				buf = appendString(buf, v[k])
+			}
+			buf = append(buf, '}')
+		}
+		buf = append(buf, '}')
+	}
+	return append(buf, ']')
+}
+
+const hex = "0123456789abcdef"
+
+// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD, as
+// encoding/json does.
+func appendString(buf []byte, s string) []byte {
+	buf = append(buf, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			buf = append(buf, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				buf = append(buf, '\\', c)
+			case '\n':
+				buf = append(buf, '\\', 'n')
+			case '\r':
+				buf = append(buf, '\\', 'r')
+			case '\t':
+				buf = append(buf, '\\', 't')
+			default:
+				buf = append(buf, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			buf = append(buf, s[start:i]...)
+			buf = append(buf, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	buf = append(buf, s[start:]...)
+	return append(buf, '"')
+}

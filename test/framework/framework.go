@@ -1,0 +1,91 @@
+// Package framework starts the real control plane (kube-apiserver and etcd,
+// built from source by `make envtest-assets`) that tally's integration suites
+// run against, and holds the builders those suites share. Each test package
+// starts one control plane in its TestMain.
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// KubernetesVersion is the version of the kube-apiserver the suites run
+// against; the Makefile builds it into bin/k8s/<version>.
+const KubernetesVersion = "1.37.2"
+
+// Root returns the repository's root directory.
+func Root() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Path returns a path relative to the repository's root.
+func Path(elem ...string) string {
+	return filepath.Join(append([]string{Root()}, elem...)...)
+}
+
+// Env is a running control plane.
+type Env struct {
+	*envtest.Environment
+	// Config reaches the API server as a cluster administrator.
+	Config *rest.Config
+	// Client is a client built from Config.
+	Client client.Client
+}
+
+// Options change what Start installs.
+type Options struct {
+	// CRDPaths are extra CRD files or folders; the WorkerPool CRD is always
+	// installed.
+	CRDPaths []string
+	// Webhooks registers admission webhooks that point at the test process.
+	Webhooks envtest.WebhookInstallOptions
+}
+
+// Start starts kube-apiserver and etcd and installs the CRDs. The binaries
+// come from KUBEBUILDER_ASSETS or, when unset, from bin/k8s/<version>.
+func Start(opts Options) (*Env, error) {
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = Path("bin", "k8s", KubernetesVersion)
+	}
+	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
+		return nil, fmt.Errorf("no kube-apiserver in %s (run `make envtest-assets`): %w", assets, err)
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDInstallOptions: envtest.CRDInstallOptions{
+			Paths:              append([]string{Path("examples", "workerpool", "crd")}, opts.CRDPaths...),
+			ErrorIfPathMissing: true,
+		},
+		WebhookInstallOptions: opts.Webhooks,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting control plane: %w", err)
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("creating client: %w", err), env.Stop())
+	}
+	return &Env{Environment: env, Config: cfg, Client: c}, nil
+}
+
+// Namespace creates a namespace with a generated name and returns its name.
+func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	if err := e.Client.Create(ctx, ns); err != nil {
+		return "", fmt.Errorf("creating namespace: %w", err)
+	}
+	return ns.Name, nil
+}
