@@ -1,6 +1,7 @@
 package mutate
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 )
 
@@ -75,7 +77,23 @@ func (o Owner) Identity() string {
 // OwnerChecker confirms that an owner exists in a namespace with the
 // referenced UID. It returns a reason when it does not.
 type OwnerChecker interface {
-	CheckOwner(namespace string, owner Owner) (ok bool, reason string)
+	CheckOwner(ctx context.Context, namespace string, owner Owner) (ok bool, reason string)
+}
+
+// Mutator decides what the pod metadata contract requires of a request.
+type Mutator struct {
+	tracked map[schema.GroupKind]bool
+	checker OwnerChecker
+}
+
+// NewMutator returns a Mutator for the given parent kinds. checker, when not
+// nil, verifies owners before pods are stamped (verifyOwner).
+func NewMutator(parents []config.Parent, checker OwnerChecker) *Mutator {
+	tracked := make(map[schema.GroupKind]bool, len(parents))
+	for _, p := range parents {
+		tracked[p.GroupKind()] = true
+	}
+	return &Mutator{tracked: tracked, checker: checker}
 }
 
 // reasonToken is the form of a completion-intent reason.
@@ -86,13 +104,13 @@ var reasonToken = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 // earlier invocation of the same request (reinvocation, another replica).
 const intentClockSkew = 2 * time.Minute
 
-// Decide applies the pod metadata contract to one request. tracked holds the
-// parent kinds; checker, when not nil, verifies owners before stamping.
-func Decide(in Input, tracked map[schema.GroupKind]bool, checker OwnerChecker) Decision {
+// Decide applies the pod metadata contract to one request. It reads no
+// state but the owner checker's.
+func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	if (in.Operation != Create && in.Operation != Update) || in.Pod == nil {
 		return Decision{}
 	}
-	owner, isTracked := trackedOwner(in.Pod, tracked)
+	owner, isTracked := trackedOwner(in.Pod, m.tracked)
 	if !isTracked && !carriesTallyKeys(in.Pod) && (in.Old == nil || !carriesTallyKeys(in.Old)) {
 		return Decision{}
 	}
@@ -102,8 +120,8 @@ func Decide(in Input, tracked map[schema.GroupKind]bool, checker OwnerChecker) D
 		return Decision{Denied: denied}
 	}
 
-	if isTracked && checker != nil && !alreadyStamped(in, owner) {
-		if ok, reason := checker.CheckOwner(in.Pod.Namespace, owner); !ok {
+	if isTracked && m.checker != nil && !alreadyStamped(in, owner) {
+		if ok, reason := m.checker.CheckOwner(ctx, in.Pod.Namespace, owner); !ok {
 			isTracked = false
 			d.Warnings = append(d.Warnings, fmt.Sprintf("tally: pod not stamped with its parent's identity: %s", reason))
 		}

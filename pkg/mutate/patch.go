@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"tally.dev/tally/pkg/keys"
 )
 
 // PatchOp is one RFC 6902 JSON patch operation on a pod's metadata.
@@ -52,25 +54,49 @@ func (p *patcher) set(field, noun string, current, old map[string]string, create
 	if has == present && got == want {
 		return
 	}
-	path := "/metadata/" + field
+	if p.d.Patch == nil {
+		p.d.Patch = make([]PatchOp, 0, 6)
+	}
+	path := keyPath(field, key)
 	switch {
 	case !present:
-		p.d.Patch = append(p.d.Patch, PatchOp{Op: "remove", Path: path + "/" + escapePointer(key)})
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "remove", Path: path})
 		p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: %s %s removed: only the tally webhook sets it, and this pod must not carry it", noun, key))
 		return
 	case has:
-		p.d.Patch = append(p.d.Patch, PatchOp{Op: "replace", Path: path + "/" + escapePointer(key), Value: want})
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "replace", Path: path, Value: want})
 		p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: %s %s set back to %q: only the tally webhook sets it", noun, key, want))
 		return
 	case current == nil && !*created:
-		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: path, Value: map[string]string{key: want}})
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: "/metadata/" + field, Value: map[string]string{key: want}})
 		*created = true
 	default:
-		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: path + "/" + escapePointer(key), Value: want})
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: path, Value: want})
 	}
 	if _, had := old[key]; had {
 		p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: %s %s restored to %q: only the tally webhook sets or removes it", noun, key, want))
 	}
+}
+
+// keyPaths holds the JSON pointers of the keys the webhook writes, so that
+// the admission path does not build them per request.
+var keyPaths = func() map[string]string {
+	paths := map[string]string{}
+	for _, field := range []string{"labels", "annotations"} {
+		for _, key := range []string{keys.ParentUID, keys.ParentName, keys.Parent, keys.CompletionIntentAt, keys.CompletionIntentBy} {
+			paths[field+"\x00"+key] = "/metadata/" + field + "/" + escapePointer(key)
+		}
+	}
+	return paths
+}()
+
+// keyPath returns the JSON pointer of key in the pod's labels or
+// annotations.
+func keyPath(field, key string) string {
+	if path, ok := keyPaths[field+"\x00"+key]; ok {
+		return path
+	}
+	return "/metadata/" + field + "/" + escapePointer(key)
 }
 
 // escapePointer escapes a map key for use as an RFC 6901 JSON pointer token.

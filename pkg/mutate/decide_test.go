@@ -1,0 +1,323 @@
+package mutate
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+)
+
+var (
+	pool    = builder.WorkerPoolGVK
+	rcGVK   = schema.GroupVersionKind{Version: "v1", Kind: "ReplicationController"}
+	jobGVK  = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"}
+	now     = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	stamp   = now.Format(time.RFC3339)
+	parents = []config.Parent{
+		{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"},
+		{Version: "v1", Kind: "ReplicationController"},
+	}
+)
+
+const (
+	uid  = types.UID("11111111-2222-3333-4444-555555555555")
+	user = "system:serviceaccount:ops:workerpool-operator"
+)
+
+func pod() *builder.PodBuilder { return builder.Pod("ns", "p") }
+
+func stamped() *builder.PodBuilder {
+	return pod().ControlledBy(pool, "pool-a", uid).
+		Label(keys.ParentUID, string(uid)).Label(keys.ParentName, "pool-a").
+		Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool-a")
+}
+
+func withIntent(b *builder.PodBuilder) *builder.PodBuilder {
+	return b.Annotation(keys.CompletionIntent, "scale-down").
+		Annotation(keys.CompletionIntentAt, "2026-11-29T09:00:00Z").
+		Annotation(keys.CompletionIntentBy, "alice")
+}
+
+type fakeChecker map[types.UID]bool
+
+func (f fakeChecker) CheckOwner(_ context.Context, ns string, o Owner) (bool, string) {
+	if f[o.UID] {
+		return true, ""
+	}
+	return false, o.Identity() + " with UID " + string(o.UID) + " not found in namespace " + ns
+}
+
+func TestDecide(t *testing.T) {
+	longName := strings.Repeat("a", 64)
+	tests := []struct {
+		name        string
+		op          Operation
+		pod, old    *builder.PodBuilder
+		checker     OwnerChecker
+		wantLabels  map[string]string
+		wantAnn     map[string]string
+		wantWarn    []string
+		wantDenied  string
+		wantNoPatch bool
+	}{
+		{
+			name: "create stamps identity from the controller ref",
+			op:   Create, pod: pod().ControlledBy(pool, "pool-a", uid),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+		},
+		{
+			name: "create keeps unrelated labels",
+			op:   Create, pod: pod().ControlledBy(pool, "pool-a", uid).Label("app", "w").Annotation("note", "x"),
+			wantLabels: map[string]string{"app": "w", keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{"note": "x", keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+		},
+		{
+			name: "core group owner",
+			op:   Create, pod: pod().ControlledBy(rcGVK, "rc", uid),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "rc"},
+			wantAnn:    map[string]string{keys.Parent: "ReplicationController/rc"},
+		},
+		{
+			name: "any version of a tracked group counts",
+			op:   Create, pod: pod().ControlledBy(schema.GroupVersionKind{Group: "example.tally.dev", Version: "v2beta1", Kind: "WorkerPool"}, "pool-a", uid),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+		},
+		{
+			name: "long parent name: no name label, full annotation",
+			op:   Create, pod: pod().ControlledBy(pool, longName, uid),
+			wantLabels: map[string]string{keys.ParentUID: string(uid)},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/" + longName},
+		},
+		{
+			name: "non-controller ref is ignored",
+			op:   Create, pod: pod().OwnedBy(pool, "pool-a", uid),
+			wantNoPatch: true,
+		},
+		{
+			name: "untracked kind is untouched",
+			op:   Create, pod: pod().ControlledBy(jobGVK, "job", uid).Label("app", "w"),
+			wantNoPatch: true,
+		},
+		{
+			name: "forged identity on create is replaced with a warning",
+			op:   Create, pod: pod().ControlledBy(pool, "pool-a", uid).Label(keys.ParentUID, "forged").Annotation(keys.Parent, "WorkerPool.example.tally.dev/other"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn:   []string{"label tally.dev/parent-uid set back", "annotation tally.dev/parent set back"},
+		},
+		{
+			name: "forged identity on an untracked pod is removed with a warning",
+			op:   Create, pod: pod().ControlledBy(jobGVK, "job", uid).Label(keys.ParentUID, string(uid)).Label("app", "w"),
+			wantLabels: map[string]string{"app": "w"},
+			wantAnn:    map[string]string{},
+			wantWarn:   []string{"label tally.dev/parent-uid removed"},
+		},
+		{
+			name: "update that removes identity restores it with a warning",
+			op:   Update, old: stamped(), pod: pod().ControlledBy(pool, "pool-a", uid).Label("app", "w"),
+			wantLabels: map[string]string{"app": "w", keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn:   []string{"label tally.dev/parent-uid restored", "label tally.dev/parent-name restored", "annotation tally.dev/parent restored"},
+		},
+		{
+			name: "update that changes identity sets it back",
+			op:   Update, old: stamped(), pod: stamped().Label(keys.ParentName, "pool-b"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn:   []string{"label tally.dev/parent-name set back"},
+		},
+		{
+			name: "update of a pod created before the webhook stamps it quietly",
+			op:   Update, old: pod().ControlledBy(pool, "pool-a", uid), pod: pod().ControlledBy(pool, "pool-a", uid).Label("app", "w"),
+			wantLabels: map[string]string{"app": "w", keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+		},
+		{
+			name: "update that drops the controller ref drops the identity",
+			op:   Update, old: stamped(), pod: pod().Label(keys.ParentUID, string(uid)).Label(keys.ParentName, "pool-a").Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool-a"),
+			wantLabels: map[string]string{},
+			wantAnn:    map[string]string{},
+			wantWarn:   []string{"label tally.dev/parent-uid removed", "label tally.dev/parent-name removed", "annotation tally.dev/parent removed"},
+		},
+		{
+			name: "intent on create is stamped with time and user",
+			op:   Create, pod: stamped().Annotation(keys.CompletionIntent, "scale-down"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a",
+				keys.CompletionIntent: "scale-down", keys.CompletionIntentAt: stamp, keys.CompletionIntentBy: user},
+		},
+		{
+			name: "intent set by update is stamped",
+			op:   Update, old: stamped(), pod: stamped().Annotation(keys.CompletionIntent, "scale-down"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a",
+				keys.CompletionIntent: "scale-down", keys.CompletionIntentAt: stamp, keys.CompletionIntentBy: user},
+		},
+		{
+			name: "client-supplied -at and -by are overwritten",
+			op:   Update, old: stamped(), pod: withIntent(stamped()),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a",
+				keys.CompletionIntent: "scale-down", keys.CompletionIntentAt: stamp, keys.CompletionIntentBy: user},
+			wantWarn: []string{"annotation tally.dev/completion-intent-at set back", "annotation tally.dev/completion-intent-by set back"},
+		},
+		{
+			name: "admitted -at and -by cannot be changed",
+			op:   Update, old: withIntent(stamped()), pod: withIntent(stamped()).Annotation(keys.CompletionIntentBy, "mallory"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a",
+				keys.CompletionIntent: "scale-down", keys.CompletionIntentAt: "2026-11-29T09:00:00Z", keys.CompletionIntentBy: "alice"},
+			wantWarn: []string{`annotation tally.dev/completion-intent-by set back to "alice"`},
+		},
+		{
+			name: "-at and -by without intent are removed",
+			op:   Create, pod: stamped().Annotation(keys.CompletionIntentBy, "mallory"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn:   []string{"annotation tally.dev/completion-intent-by removed"},
+		},
+		{
+			name: "intent removal is denied",
+			op:   Update, old: withIntent(stamped()), pod: stamped(),
+			wantDenied: `annotation tally.dev/completion-intent is sticky: it was set to "scale-down" and cannot be removed`,
+		},
+		{
+			name: "intent change is denied",
+			op:   Update, old: withIntent(stamped()), pod: withIntent(stamped()).Annotation(keys.CompletionIntent, "evicted"),
+			wantDenied: `cannot be changed to "evicted"`,
+		},
+		{
+			name: "intent removal is denied on untracked pods too",
+			op:   Update, old: withIntent(pod()), pod: pod(),
+			wantDenied: "is sticky",
+		},
+		{
+			name: "invalid reason token is denied",
+			op:   Create, pod: stamped().Annotation(keys.CompletionIntent, "Scale Down"),
+			wantDenied: `annotation tally.dev/completion-intent: "Scale Down" is not a valid reason`,
+		},
+		{
+			name: "too long reason token is denied",
+			op:   Update, old: stamped(), pod: stamped().Annotation(keys.CompletionIntent, strings.Repeat("x", 64)),
+			wantDenied: "is not a valid reason",
+		},
+		{
+			name: "already stamped pod yields no patch",
+			op:   Update, old: withIntent(stamped()), pod: withIntent(stamped()).Label("app", "w"),
+			wantNoPatch: true,
+		},
+		{
+			name: "verifyOwner stamps a verified owner",
+			op:   Create, pod: pod().ControlledBy(pool, "pool-a", uid), checker: fakeChecker{uid: true},
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+		},
+		{
+			name: "verifyOwner refuses to stamp an unknown owner",
+			op:   Create, pod: pod().ControlledBy(pool, "pool-a", uid), checker: fakeChecker{},
+			wantNoPatch: true,
+			wantWarn:    []string{"pod not stamped with its parent's identity: WorkerPool.example.tally.dev/pool-a with UID " + string(uid) + " not found in namespace ns"},
+		},
+		{
+			name: "delete is ignored",
+			op:   "DELETE", pod: pod().ControlledBy(pool, "pool-a", uid),
+			wantNoPatch: true,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMutator(parents, tc.checker)
+			var old *corev1.Pod
+			if tc.old != nil {
+				old = tc.old.Build()
+			}
+			d, got := admit(t, m, tc.op, tc.pod.Build(), old)
+			if tc.wantDenied != "" {
+				assert.Contains(t, d.Denied, tc.wantDenied)
+				assert.Empty(t, d.Patch)
+				return
+			}
+			require.Empty(t, d.Denied)
+			require.Len(t, d.Warnings, len(tc.wantWarn), "warnings: %q", d.Warnings)
+			for i, w := range tc.wantWarn {
+				assert.Contains(t, d.Warnings[i], w)
+			}
+			if tc.wantNoPatch {
+				assert.Empty(t, d.Patch)
+				return
+			}
+			require.NotEmpty(t, d.Patch)
+			assert.Equal(t, tc.wantLabels, nonNil(got.Labels))
+			assert.Equal(t, tc.wantAnn, nonNil(got.Annotations))
+
+			// Admitting the mutated pod again changes nothing (reinvocation).
+			again, _ := admit(t, m, tc.op, got, old)
+			assert.Empty(t, again.Patch, "second admission patched: %+v", again.Patch)
+			assert.Empty(t, again.Warnings)
+		})
+	}
+}
+
+func TestDecideCreateReinvocationKeepsOwnStamp(t *testing.T) {
+	m := NewMutator(parents, nil)
+	d, got := admit(t, m, Create, stamped().Annotation(keys.CompletionIntent, "scale-down").Build(), nil)
+	require.NotEmpty(t, d.Patch)
+	// A later invocation, a few seconds on, keeps the first stamp.
+	in := Input{Operation: Create, User: user, Pod: meta(t, got), Now: now.Add(5 * time.Second)}
+	assert.Empty(t, m.Decide(context.Background(), in).Patch)
+	// A stamp far from now, or by someone else, is not the webhook's own.
+	in.Now = now.Add(time.Hour)
+	assert.NotEmpty(t, m.Decide(context.Background(), in).Patch)
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+func meta(t *testing.T, p *corev1.Pod) *PodMeta {
+	t.Helper()
+	raw, err := json.Marshal(p.ObjectMeta)
+	require.NoError(t, err)
+	var pm PodMeta
+	require.NoError(t, json.Unmarshal(raw, &pm))
+	return &pm
+}
+
+// admit runs the decision and applies its patch to the pod's JSON with the
+// same JSON patch implementation the API server uses.
+func admit(t *testing.T, m *Mutator, op Operation, pod, old *corev1.Pod) (Decision, *corev1.Pod) {
+	t.Helper()
+	in := Input{Operation: op, User: user, Pod: meta(t, pod), Now: now}
+	if old != nil {
+		in.Old = meta(t, old)
+	}
+	d := m.Decide(context.Background(), in)
+	raw, err := json.Marshal(pod)
+	require.NoError(t, err)
+	if len(d.Patch) > 0 {
+		patch, err := jsonpatch.DecodePatch(AppendPatch(nil, d.Patch))
+		require.NoError(t, err)
+		raw, err = patch.Apply(raw)
+		require.NoError(t, err)
+	}
+	var out corev1.Pod
+	require.NoError(t, json.Unmarshal(raw, &out))
+	return d, &out
+}

@@ -1,0 +1,251 @@
+package mutate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	jsonv2 "github.com/go-json-experiment/json"
+	"io"
+	"mime"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Path is where the webhook serves pod admission requests.
+const Path = "/mutate-pods"
+
+// MaxBodyBytes bounds an AdmissionReview body. The API server caps a pod at
+// about 1.5 MiB in etcd and a request at 3 MiB; a review carries the object
+// and the old object.
+const MaxBodyBytes = 8 << 20
+
+var admissions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "tally_webhook_admissions_total",
+	Help: "Pod admission requests answered by the tally webhook, by operation and result (unchanged, patched, denied, error, ignored).",
+}, []string{"operation", "result"})
+
+func init() {
+	metrics.Registry.MustRegister(admissions)
+}
+
+// Handler is the HTTP adapter around a Mutator: it decodes an AdmissionReview
+// in one pass, reading only the pods' metadata, asks the Mutator, and
+// answers with a minimal JSON patch.
+type Handler struct {
+	mutator *Mutator
+	log     logr.Logger
+	now     func() time.Time
+}
+
+var _ http.Handler = (*Handler)(nil)
+
+// NewHandler returns a Handler for m that logs to log.
+func NewHandler(m *Mutator, log logr.Logger) *Handler {
+	return &Handler{mutator: m, log: log, now: time.Now}
+}
+
+// review is an AdmissionReview, decoded only as deep as the webhook reads.
+type review struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Request    *request `json:"request"`
+}
+
+type request struct {
+	UID         types.UID               `json:"uid"`
+	Kind        metav1.GroupVersionKind `json:"kind"`
+	SubResource string                  `json:"subResource"`
+	Namespace   string                  `json:"namespace"`
+	Operation   Operation               `json:"operation"`
+	UserInfo    struct {
+		Username string `json:"username"`
+	} `json:"userInfo"`
+	Object    *object `json:"object"`
+	OldObject *object `json:"oldObject"`
+}
+
+type object struct {
+	APIVersion string  `json:"apiVersion"`
+	Kind       string  `json:"kind"`
+	Metadata   PodMeta `json:"metadata"`
+}
+
+var bufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// ServeHTTP answers one AdmissionReview. Whatever the body, the answer is a
+// well-formed AdmissionReview whose message says what was wrong.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	buf := bufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer bufs.Put(buf)
+
+	var rev review
+	resp, op := h.answer(r, buf, &rev)
+	admissions.WithLabelValues(op, resp.result).Inc()
+
+	buf.Reset()
+	out := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: admissionv1.SchemeGroupVersion.String(), Kind: "AdmissionReview"},
+		Response: &resp.AdmissionResponse,
+	}
+	if err := json.NewEncoder(buf).Encode(&out); err != nil {
+		h.log.Error(err, "Encoding AdmissionReview response")
+		http.Error(w, "encoding AdmissionReview response", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if _, err := w.Write(buf.Bytes()); err != nil {
+		h.log.V(1).Info("Writing AdmissionReview response failed", "error", err.Error())
+	}
+}
+
+type response struct {
+	admissionv1.AdmissionResponse
+	result string
+}
+
+func errored(uid types.UID, err error) response {
+	return response{
+		AdmissionResponse: admissionv1.AdmissionResponse{UID: uid, Result: &metav1.Status{
+			Status: metav1.StatusFailure, Code: http.StatusBadRequest, Reason: metav1.StatusReasonBadRequest, Message: err.Error(),
+		}},
+		result: "error",
+	}
+}
+
+func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review) (response, string) {
+	if err := readBody(r, buf); err != nil {
+		h.log.Info("Rejecting unreadable admission request", "error", err.Error())
+		return errored("", err), ""
+	}
+	// One pass over the body that keeps only the pods' metadata: the rest of
+	// each pod is skipped, not decoded.
+	if err := jsonv2.Unmarshal(buf.Bytes(), rev); err != nil {
+		h.log.Info("Rejecting malformed AdmissionReview", "error", err.Error())
+		return errored("", fmt.Errorf("decoding AdmissionReview: %w", err)), ""
+	}
+	req := rev.Request
+	if err := validate(rev); err != nil {
+		var uid types.UID
+		if req != nil {
+			uid = req.UID
+		}
+		h.log.Info("Rejecting invalid AdmissionReview", "error", err.Error())
+		return errored(uid, err), ""
+	}
+	op := string(req.Operation)
+	allowed := response{AdmissionResponse: admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}, result: "unchanged"}
+	if req.Kind.Group != "" || req.Kind.Kind != "Pod" || req.SubResource != "" {
+		allowed.result = "ignored"
+		allowed.Result = &metav1.Status{Message: fmt.Sprintf("tally handles pods only; %s/%s %s (subresource %q) passes unchanged", req.Kind.Group, req.Kind.Version, req.Kind.Kind, req.SubResource)}
+		return allowed, op
+	}
+	if req.Operation != Create && req.Operation != Update {
+		allowed.result = "ignored"
+		return allowed, op
+	}
+	if err := checkObjects(req); err != nil {
+		h.log.Info("Rejecting invalid AdmissionReview", "uid", req.UID, "error", err.Error())
+		return errored(req.UID, err), op
+	}
+
+	in := Input{Operation: req.Operation, User: req.UserInfo.Username, Pod: &req.Object.Metadata, Now: h.now()}
+	if in.Pod.Namespace == "" {
+		in.Pod.Namespace = req.Namespace
+	}
+	if req.OldObject != nil {
+		in.Old = &req.OldObject.Metadata
+	}
+	d := h.mutator.Decide(r.Context(), in)
+	if d.Denied != "" {
+		h.log.Info("Denied pod admission", "uid", req.UID, "namespace", req.Namespace, "user", in.User, "reason", d.Denied)
+		return response{
+			AdmissionResponse: admissionv1.AdmissionResponse{UID: req.UID, Result: &metav1.Status{
+				Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden, Message: d.Denied,
+			}},
+			result: "denied",
+		}, op
+	}
+	allowed.Warnings = d.Warnings
+	if len(d.Patch) > 0 {
+		pt := admissionv1.PatchTypeJSONPatch
+		allowed.PatchType = &pt
+		allowed.Patch = AppendPatch(nil, d.Patch)
+		allowed.result = "patched"
+		h.log.V(1).Info("Patched pod", "uid", req.UID, "namespace", req.Namespace, "operations", len(d.Patch), "warnings", d.Warnings)
+	}
+	return allowed, op
+}
+
+func readBody(r *http.Request, buf *bytes.Buffer) error {
+	if r.Method != http.MethodPost {
+		return fmt.Errorf("method %s: an AdmissionReview is sent with POST", r.Method)
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return fmt.Errorf("Content-Type %q: an AdmissionReview is sent as application/json", ct)
+		}
+	}
+	if r.Body == nil {
+		return errors.New("empty body: expected an AdmissionReview")
+	}
+	if r.ContentLength > MaxBodyBytes {
+		return fmt.Errorf("body of %d bytes exceeds the limit of %d bytes", r.ContentLength, MaxBodyBytes)
+	}
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, MaxBodyBytes+1))
+	switch {
+	case err != nil:
+		return fmt.Errorf("reading body: %w", err)
+	case n == 0:
+		return errors.New("empty body: expected an AdmissionReview")
+	case n > MaxBodyBytes:
+		return fmt.Errorf("body exceeds the limit of %d bytes", MaxBodyBytes)
+	}
+	return nil
+}
+
+func validate(rev *review) error {
+	switch {
+	case rev.Kind != "AdmissionReview":
+		return fmt.Errorf("kind %q: expected an AdmissionReview", rev.Kind)
+	case rev.APIVersion != admissionv1.SchemeGroupVersion.String():
+		return fmt.Errorf("apiVersion %q: only admission.k8s.io/v1 AdmissionReviews are served", rev.APIVersion)
+	case rev.Request == nil:
+		return errors.New("AdmissionReview has no request")
+	case rev.Request.UID == "":
+		return errors.New("request.uid is missing")
+	}
+	return nil
+}
+
+func checkObjects(req *request) error {
+	if req.Object == nil {
+		return fmt.Errorf("request.object is missing on %s", req.Operation)
+	}
+	if req.Operation == Update && req.OldObject == nil {
+		return errors.New("request.oldObject is missing on UPDATE")
+	}
+	if err := checkPod("object", req.Object); err != nil {
+		return err
+	}
+	return checkPod("oldObject", req.OldObject)
+}
+
+func checkPod(name string, o *object) error {
+	if o != nil && o.Kind != "" && (o.Kind != "Pod" || o.APIVersion != "v1") {
+		return fmt.Errorf("request.%s is a %s %s, not a v1 Pod", name, o.APIVersion, o.Kind)
+	}
+	return nil
+}

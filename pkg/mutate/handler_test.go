@@ -1,0 +1,215 @@
+package mutate
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"tally.dev/tally/pkg/keys"
+)
+
+// realisticPod is a pod of about 4 KiB of JSON: several containers with env,
+// resources, probes and volumes, as a worker pool's pods look.
+func realisticPod() *corev1.Pod {
+	p := pod().ControlledBy(pool, "pool-a", uid).Label("app.kubernetes.io/name", "worker").
+		Label("app.kubernetes.io/instance", "pool-a").Annotation("prometheus.io/scrape", "true").Build()
+	p.APIVersion, p.Kind = "v1", "Pod"
+	p.GenerateName = "pool-a-"
+	var containers []corev1.Container
+	for i := range 3 {
+		c := corev1.Container{
+			Name:    fmt.Sprintf("worker-%d", i),
+			Image:   "registry.example/team/worker:v1.42.0@sha256:" + strings.Repeat("ab", 32),
+			Command: []string{"/bin/worker", "--queue=jobs", "--concurrency=8"},
+			Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")},
+			},
+			VolumeMounts:   []corev1.VolumeMount{{Name: "data", MountPath: "/data"}, {Name: "config", MountPath: "/etc/worker", ReadOnly: true}},
+			ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(8080)}}},
+		}
+		for j := range 6 {
+			c.Env = append(c.Env, corev1.EnvVar{Name: fmt.Sprintf("WORKER_SETTING_%d", j), Value: fmt.Sprintf("value-%d-%d", i, j)})
+		}
+		containers = append(containers, c)
+	}
+	p.Spec.Containers = containers
+	p.Spec.Volumes = []corev1.Volume{
+		{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "worker-config"}}}},
+	}
+	p.Spec.ServiceAccountName = "worker"
+	p.Spec.NodeSelector = map[string]string{"kubernetes.io/os": "linux"}
+	p.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "workers", Effect: corev1.TaintEffectNoSchedule}}
+	return p
+}
+
+func reviewBody(t testing.TB, op admissionv1.Operation, pod, old *corev1.Pod) []byte {
+	t.Helper()
+	req := &admissionv1.AdmissionRequest{
+		UID:       "req-1",
+		Kind:      metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+		Resource:  metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+		Namespace: "ns",
+		Operation: op,
+		UserInfo:  authenticationv1.UserInfo{Username: user},
+		Object:    runtime.RawExtension{Object: pod},
+	}
+	if old != nil {
+		req.OldObject = runtime.RawExtension{Object: old}
+	}
+	body, err := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request:  req,
+	})
+	require.NoError(t, err)
+	return body
+}
+
+func serve(t testing.TB, h http.Handler, body []byte) *admissionv1.AdmissionResponse {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	require.Equal(t, http.StatusOK, w.Code)
+	var rev admissionv1.AdmissionReview
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &rev), "response: %s", w.Body.String())
+	require.Equal(t, "AdmissionReview", rev.Kind)
+	require.Equal(t, "admission.k8s.io/v1", rev.APIVersion)
+	require.NotNil(t, rev.Response)
+	return rev.Response
+}
+
+func newTestHandler() *Handler {
+	return NewHandler(NewMutator(parents, nil), logr.Discard())
+}
+
+func TestHandlerStampsAndDenies(t *testing.T) {
+	h := newTestHandler()
+
+	resp := serve(t, h, reviewBody(t, admissionv1.Create, realisticPod(), nil))
+	assert.True(t, resp.Allowed)
+	assert.Equal(t, "req-1", string(resp.UID))
+	require.NotNil(t, resp.PatchType)
+	assert.Equal(t, admissionv1.PatchTypeJSONPatch, *resp.PatchType)
+	assert.JSONEq(t, `[
+		{"op":"add","path":"/metadata/labels/tally.dev~1parent-uid","value":"`+string(uid)+`"},
+		{"op":"add","path":"/metadata/labels/tally.dev~1parent-name","value":"pool-a"},
+		{"op":"add","path":"/metadata/annotations/tally.dev~1parent","value":"WorkerPool.example.tally.dev/pool-a"}]`, string(resp.Patch))
+
+	old := withIntent(stamped()).Build()
+	resp = serve(t, h, reviewBody(t, admissionv1.Update, stamped().Build(), old))
+	assert.False(t, resp.Allowed)
+	require.NotNil(t, resp.Result)
+	assert.Equal(t, int32(http.StatusForbidden), resp.Result.Code)
+	assert.Contains(t, resp.Result.Message, "annotation tally.dev/completion-intent is sticky")
+
+	resp = serve(t, h, reviewBody(t, admissionv1.Create, pod().Build(), nil))
+	assert.True(t, resp.Allowed)
+	assert.Empty(t, resp.Patch)
+}
+
+func TestHandlerBadInput(t *testing.T) {
+	good := reviewBody(t, admissionv1.Create, realisticPod(), nil)
+	replace := func(old, new string) []byte {
+		require.Contains(t, string(good), old)
+		return []byte(strings.Replace(string(good), old, new, 1))
+	}
+	tests := []struct {
+		name        string
+		method      string
+		contentType string
+		body        []byte
+		wantAllowed bool
+		wantMessage string
+	}{
+		{name: "empty body", body: []byte{}, wantMessage: "empty body: expected an AdmissionReview"},
+		{name: "truncated body", body: good[:len(good)/2], wantMessage: "decoding AdmissionReview: jsontext: unexpected EOF within"},
+		{name: "not JSON", body: []byte("<xml/>"), wantMessage: "decoding AdmissionReview: jsontext: invalid character '<' at start of value"},
+		{name: "not an AdmissionReview", body: []byte(`{"apiVersion":"v1","kind":"Pod"}`), wantMessage: `kind "Pod": expected an AdmissionReview`},
+		{name: "v1beta1 review", body: replace(`"apiVersion":"admission.k8s.io/v1"`, `"apiVersion":"admission.k8s.io/v1beta1"`), wantMessage: "only admission.k8s.io/v1 AdmissionReviews are served"},
+		{name: "no request", body: []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), wantMessage: "AdmissionReview has no request"},
+		{name: "no uid", body: replace(`"uid":"req-1"`, `"uid":""`), wantMessage: "request.uid is missing"},
+		{name: "missing object", body: replace(`"object":{`, `"object":null,"x":{`), wantMessage: "request.object is missing on CREATE"},
+		{name: "object is not a pod", body: replace(`"kind":"Pod","apiVersion":"v1"`, `"kind":"Deployment","apiVersion":"apps/v1"`), wantMessage: "request.object is a apps/v1 Deployment, not a v1 Pod"},
+		{name: "labels of the wrong type", body: replace(`"labels":{`, `"labels":7,"x":{`), wantMessage: `unmarshal JSON number into Go map[string]string within "/request/object/metadata/labels"`},
+		{name: "another kind is let through", body: replace(`"kind":{"group":"","version":"v1","kind":"Pod"}`, `"kind":{"group":"apps","version":"v1","kind":"Deployment"}`), wantAllowed: true, wantMessage: "tally handles pods only"},
+		{name: "wrong content type", contentType: "text/plain", body: good, wantMessage: `Content-Type "text/plain"`},
+		{name: "wrong method", method: http.MethodGet, body: good, wantMessage: "method GET"},
+		{name: "oversized body", body: append(bytes.Repeat([]byte(" "), MaxBodyBytes), good...), wantMessage: "exceeds the limit"},
+	}
+	h := newTestHandler()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			method := tc.method
+			if method == "" {
+				method = http.MethodPost
+			}
+			r := httptest.NewRequest(method, Path, bytes.NewReader(tc.body))
+			ct := tc.contentType
+			if ct == "" {
+				ct = "application/json"
+			}
+			r.Header.Set("Content-Type", ct)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			require.Equal(t, http.StatusOK, w.Code)
+			var rev admissionv1.AdmissionReview
+			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &rev))
+			require.NotNil(t, rev.Response)
+			assert.Equal(t, tc.wantAllowed, rev.Response.Allowed)
+			require.NotNil(t, rev.Response.Result)
+			assert.Contains(t, rev.Response.Result.Message, tc.wantMessage)
+			assert.Empty(t, rev.Response.Patch)
+		})
+	}
+}
+
+// FuzzHandler feeds the request path real and broken reviews: every answer
+// must be a well-formed AdmissionReview, and a patch must be valid JSON.
+func FuzzHandler(f *testing.F) {
+	create := reviewBody(f, admissionv1.Create, realisticPod(), nil)
+	update := reviewBody(f, admissionv1.Update, withIntent(stamped()).Build(), stamped().Build())
+	for _, seed := range [][]byte{
+		create, update, create[:len(create)/3], []byte(""), []byte("{}"), []byte("null"),
+		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","kind":{"version":"v1","kind":"Pod"},"operation":"UPDATE","object":{"metadata":{}}}}`),
+		[]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","kind":{"version":"v1","kind":"Pod"},"operation":"CREATE","object":{"metadata":{"ownerReferences":[{"apiVersion":"example.tally.dev/v1","kind":"WorkerPool","name":"a","uid":"u","controller":true}],"labels":null,"annotations":{"tally.dev/completion-intent":"x"}}}}}`),
+	} {
+		f.Add(seed)
+	}
+	h := newTestHandler()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		resp := serve(t, h, body)
+		if len(resp.Patch) > 0 {
+			require.True(t, json.Valid(resp.Patch), "patch %q", resp.Patch)
+			require.True(t, resp.Allowed)
+		}
+		if !resp.Allowed {
+			require.NotNil(t, resp.Result)
+			require.NotEmpty(t, resp.Result.Message)
+		}
+	})
+}
+
+func TestHandlerUpdateStampsIntent(t *testing.T) {
+	h := newTestHandler()
+	resp := serve(t, h, reviewBody(t, admissionv1.Update, stamped().Annotation(keys.CompletionIntent, "scale-down").Build(), stamped().Build()))
+	require.True(t, resp.Allowed)
+	assert.Contains(t, string(resp.Patch), `"path":"/metadata/annotations/tally.dev~1completion-intent-by","value":"`+user+`"`)
+}
