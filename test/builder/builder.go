@@ -31,7 +31,7 @@ type PodBuilder struct{ pod corev1.Pod }
 func Pod(namespace, name string) *PodBuilder {
 	return &PodBuilder{pod: corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "registry.example/worker:1"}}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "registry.example/worker:1"}}},
 	}}
 }
 

@@ -1,0 +1,29 @@
+// Command webhook is tally's mutating admission webhook for pods: it stamps
+// each pod with its parent's identity and records completion intent.
+package main
+
+import (
+	"flag"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"tally.dev/tally/cmd/webhook/app"
+	"tally.dev/tally/internal/command"
+)
+
+func main() {
+	var common command.Common
+	opts := app.Options{}
+	common.Bind(flag.CommandLine, ":8080")
+	flag.StringVar(&opts.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory holding tls.crt and tls.key; reloaded when they change.")
+	flag.IntVar(&opts.Port, "port", 9443, "Port the webhook serves TLS on.")
+	flag.StringVar(&opts.Host, "host", "", "Address the webhook listens on; empty for all.")
+	command.Main("webhook", func() error {
+		cfg, restCfg, err := common.Setup()
+		if err != nil {
+			return err
+		}
+		opts.MetricsAddr, opts.ProbeAddr = common.MetricsAddr, common.ProbeAddr
+		return app.Run(ctrl.SetupSignalHandler(), cfg, restCfg, opts)
+	})
+}

@@ -1,0 +1,75 @@
+// Package command holds the flags and start-up steps shared by tally's two
+// binaries: the config file, the API server connection, the metrics and
+// health endpoints, and structured logging.
+package command
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"tally.dev/tally/pkg/config"
+)
+
+// Common are the flags both binaries take.
+type Common struct {
+	// ConfigFile is the path given with --config.
+	ConfigFile string
+	// MetricsAddr is the metrics endpoint's address; "0" disables it.
+	MetricsAddr string
+	// ProbeAddr is the address of /healthz and /readyz.
+	ProbeAddr string
+
+	zap zap.Options
+}
+
+// Bind registers the common flags on fs. --kubeconfig is registered on the
+// default flag set by controller-runtime itself.
+func (c *Common) Bind(fs *flag.FlagSet, defaultMetricsAddr string) {
+	fs.StringVar(&c.ConfigFile, "config", "", "Path to the tally configuration file (required).")
+	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", defaultMetricsAddr, "Address of the Prometheus metrics endpoint; 0 disables it.")
+	fs.StringVar(&c.ProbeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	c.zap = zap.Options{Development: false}
+	c.zap.BindFlags(fs)
+}
+
+// Setup installs the structured logger, then loads and validates the config
+// file and the API server connection (--kubeconfig, else in-cluster).
+func (c *Common) Setup() (*config.Config, *rest.Config, error) {
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&c.zap)))
+	if c.ConfigFile == "" {
+		return nil, nil, errors.New("--config is required")
+	}
+	cfg, err := config.Load(c.ConfigFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	restCfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to the API server: %w", err)
+	}
+	return cfg, restCfg, nil
+}
+
+// Main parses the command line, runs run and exits non-zero with its error.
+func Main(name string, run func() error) {
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage: %s [flags]\n\nFlags:\n", name)
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "%s: unexpected arguments %q\n", name, flag.Args())
+		os.Exit(2)
+	}
+	if err := run(); err != nil {
+		ctrl.Log.WithName(name).Error(err, "Exiting")
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(1)
+	}
+}

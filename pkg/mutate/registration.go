@@ -1,0 +1,66 @@
+package mutate
+
+import (
+	"fmt"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"tally.dev/tally/pkg/config"
+)
+
+// MatchConditionName names the CEL condition under which the API server
+// calls the webhook.
+const MatchConditionName = "tracked-owner-or-tally-metadata"
+
+// MatchExpression returns the CEL expression that holds for a pod whose
+// controller ownerReference names a tracked kind, or that (before or after
+// the request) carries a tally.dev/ label or annotation. The API server calls
+// the webhook only for such pods, so an outage of the webhook cannot block
+// unrelated pods. The Helm chart renders the same expression.
+func MatchExpression(parents []config.Parent) string {
+	var kinds []string
+	for _, p := range parents {
+		if p.Group == "" {
+			kinds = append(kinds, fmt.Sprintf("(r.apiVersion == 'v1' && r.kind == '%s')", p.Kind))
+		} else {
+			kinds = append(kinds, fmt.Sprintf("(r.apiVersion.startsWith('%s/') && r.kind == '%s')", p.Group, p.Kind))
+		}
+	}
+	tallyKeys := func(obj string) string {
+		return fmt.Sprintf("(has(%[1]s.metadata.labels) && %[1]s.metadata.labels.exists(k, k.startsWith('tally.dev/'))) || "+
+			"(has(%[1]s.metadata.annotations) && %[1]s.metadata.annotations.exists(k, k.startsWith('tally.dev/')))", obj)
+	}
+	return fmt.Sprintf("(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && (%s))) || %s || (oldObject != null && (%s))",
+		strings.Join(kinds, " || "), tallyKeys("object"), tallyKeys("oldObject"))
+}
+
+// Webhook returns the pod mutating webhook as it is registered in a cluster,
+// calling the service or URL in clientConfig.
+func Webhook(parents []config.Parent, clientConfig admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.MutatingWebhook {
+	failurePolicy := admissionregistrationv1.Fail
+	sideEffects := admissionregistrationv1.SideEffectClassNone
+	reinvocation := admissionregistrationv1.IfNeededReinvocationPolicy
+	return admissionregistrationv1.MutatingWebhook{
+		Name:                    "pods.tally.dev",
+		ClientConfig:            clientConfig,
+		AdmissionReviewVersions: []string{"v1"},
+		SideEffects:             &sideEffects,
+		FailurePolicy:           &failurePolicy,
+		ReinvocationPolicy:      &reinvocation,
+		TimeoutSeconds:          ptr.To[int32](5),
+		Rules: []admissionregistrationv1.RuleWithOperations{{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+			Rule: admissionregistrationv1.Rule{
+				APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"},
+				Scope: ptr.To(admissionregistrationv1.NamespacedScope),
+			},
+		}},
+		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system"},
+		}}},
+		MatchConditions: []admissionregistrationv1.MatchCondition{{Name: MatchConditionName, Expression: MatchExpression(parents)}},
+	}
+}

@@ -1,0 +1,407 @@
+// Package webhook runs tally's mutating webhook in the test process behind a
+// real kube-apiserver, and checks the pod metadata contract through the API
+// server only.
+package webhook
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"tally.dev/tally/certs/devcert"
+	"tally.dev/tally/cmd/webhook/app"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+// Two webhook processes run in the test: the default one (verifyOwner off)
+// registered through envtest with envtest's certificates, and one with
+// verifyOwner on, serving certificates from devcert that the rotation test
+// replaces. A namespace label picks which one admits a namespace's pods.
+const instanceLabel = "tally-test/webhook"
+
+var (
+	env      *framework.Env
+	webhooks sync.WaitGroup
+	parents  = []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: config.DefaultCounts}}
+	jobGVK   = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"}
+
+	verifying struct {
+		ca      *devcert.CA
+		certDir string
+		port    int
+	}
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	wh := mutate.Webhook(parents, admissionregistrationv1.WebhookClientConfig{
+		Service: &admissionregistrationv1.ServiceReference{Name: "tally-webhook", Namespace: "tally-system", Path: ptr.To(mutate.Path)},
+	})
+	wh.NamespaceSelector.MatchExpressions = append(wh.NamespaceSelector.MatchExpressions,
+		metav1.LabelSelectorRequirement{Key: instanceLabel, Operator: metav1.LabelSelectorOpDoesNotExist})
+	var err error
+	env, err = framework.Start(framework.Options{Webhooks: envtest.WebhookInstallOptions{
+		MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{{
+			ObjectMeta: metav1.ObjectMeta{Name: "tally"},
+			Webhooks:   []admissionregistrationv1.MutatingWebhook{wh},
+		}},
+	}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() {
+		cancel()
+		webhooks.Wait()
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}()
+
+	wio := &env.WebhookInstallOptions
+	if err := start(ctx, &config.Config{Parents: parents}, wio.LocalServingHost, wio.LocalServingPort, wio.LocalServingCertDir, wio.LocalServingCAData); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := startVerifying(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// start runs the webhook app as cmd/webhook does and waits for its TLS
+// server.
+func start(ctx context.Context, cfg *config.Config, host string, port int, certDir string, caPEM []byte) error {
+	webhooks.Add(1)
+	go func() {
+		defer webhooks.Done()
+		err := app.Run(ctx, cfg, env.Config, app.Options{Host: host, Port: port, CertDir: certDir, MetricsAddr: "0", ProbeAddr: "0"})
+		if err != nil && ctx.Err() == nil {
+			fmt.Fprintln(os.Stderr, "webhook stopped:", err)
+		}
+	}()
+	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return framework.WaitForTLS(wait, host, port, caPEM)
+}
+
+func startVerifying(ctx context.Context) error {
+	var err error
+	verifying.ca, err = devcert.NewCA("tally test CA", time.Hour)
+	if err != nil {
+		return err
+	}
+	verifying.certDir, err = os.MkdirTemp("", "tally-webhook-certs-")
+	if err != nil {
+		return err
+	}
+	if err := issue(); err != nil {
+		return err
+	}
+	if verifying.port, err = framework.FreePort(); err != nil {
+		return err
+	}
+	if err := start(ctx, &config.Config{Parents: parents, VerifyOwner: true}, "127.0.0.1", verifying.port, verifying.certDir, verifying.ca.CertPEM); err != nil {
+		return err
+	}
+	wh := mutate.Webhook(parents, admissionregistrationv1.WebhookClientConfig{
+		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", verifying.port, mutate.Path)),
+		CABundle: verifying.ca.CertPEM,
+	})
+	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{instanceLabel: "verifying"}}
+	return env.Client.Create(ctx, &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "tally-verifying"},
+		Webhooks:   []admissionregistrationv1.MutatingWebhook{wh},
+	})
+}
+
+func issue() error {
+	pair, err := verifying.ca.Issue([]string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		return err
+	}
+	return pair.WriteDir(verifying.certDir)
+}
+
+// warnings collects the admission warnings the API server relays.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, text)
+}
+
+func (w *warnings) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.msgs...)
+}
+
+func clientWithWarnings(t *testing.T) (client.Client, *warnings) {
+	t.Helper()
+	w := &warnings{}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WarningHandler = w
+	c, err := client.New(cfg, client.Options{})
+	require.NoError(t, err)
+	return c, w
+}
+
+func namespace(t *testing.T, instance string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "webhook-"}}
+	if instance != "" {
+		ns.Labels = map[string]string{instanceLabel: instance}
+	}
+	require.NoError(t, env.Client.Create(context.Background(), ns))
+	return ns.Name
+}
+
+func createPool(t *testing.T, ns, name string) types.UID {
+	t.Helper()
+	pool := builder.WorkerPool(ns, name, 1)
+	require.NoError(t, env.Client.Create(context.Background(), pool))
+	return pool.GetUID()
+}
+
+func identity(name string) string { return "WorkerPool.example.tally.dev/" + name }
+
+func TestCreateStampsIdentity(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+
+	pod := builder.Pod(ns, "p1").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Label("app", "worker").Build()
+	require.NoError(t, env.Client.Create(ctx, pod))
+	assert.Equal(t, map[string]string{"app": "worker", keys.ParentUID: string(uid), keys.ParentName: "pool-a"}, pod.Labels)
+	assert.Equal(t, identity("pool-a"), pod.Annotations[keys.Parent])
+}
+
+func TestForgedIdentityIsReplacedWithWarning(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	c, w := clientWithWarnings(t)
+
+	pod := builder.Pod(ns, "forged").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).
+		Label(keys.ParentUID, "not-the-owner").Annotation(keys.Parent, identity("elsewhere")).Build()
+	require.NoError(t, c.Create(ctx, pod))
+	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])
+	assert.Equal(t, identity("pool-a"), pod.Annotations[keys.Parent])
+	assertWarned(t, w, "label tally.dev/parent-uid set back", "annotation tally.dev/parent set back")
+}
+
+func TestApplyThatOmitsIdentityIsRestored(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	c, w := clientWithWarnings(t)
+
+	apply := func(labels, annotations map[string]string) *corev1.Pod {
+		labels["app"] = "worker"
+		cfg := corev1ac.Pod("applied", ns).WithLabels(labels).WithAnnotations(annotations).
+			WithOwnerReferences(metav1ac.OwnerReference().WithAPIVersion("example.tally.dev/v1").WithKind("WorkerPool").
+				WithName("pool-a").WithUID(uid).WithController(true)).
+			WithSpec(corev1ac.PodSpec().WithContainers(corev1ac.Container().WithName("worker").WithImage("registry.example/worker:1")))
+		require.NoError(t, c.Apply(ctx, cfg, client.FieldOwner("operator"), client.ForceOwnership))
+		pod := &corev1.Pod{}
+		require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "applied"}, pod))
+		return pod
+	}
+	// The operator first applies the identity keys itself, so it owns them;
+	// applying again without them removes them, and the webhook puts them
+	// back rather than refusing the request.
+	apply(map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"}, map[string]string{keys.Parent: identity("pool-a")})
+	pod := apply(map[string]string{}, nil)
+	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])
+	assert.Equal(t, "pool-a", pod.Labels[keys.ParentName])
+	assert.Equal(t, identity("pool-a"), pod.Annotations[keys.Parent])
+	assertWarned(t, w, "label tally.dev/parent-uid restored")
+}
+
+func TestIntentIsStampedAndSticky(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	pod := builder.Pod(ns, "p").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	require.NoError(t, env.Client.Create(ctx, pod))
+
+	before := time.Now().Add(-time.Second).UTC().Truncate(time.Second)
+	patch := client.MergeFrom(pod.DeepCopy())
+	pod.Annotations[keys.CompletionIntent] = "scale-down"
+	pod.Annotations[keys.CompletionIntentBy] = "someone-else"
+	require.NoError(t, env.Client.Patch(ctx, pod, patch))
+	at, err := time.Parse(time.RFC3339, pod.Annotations[keys.CompletionIntentAt])
+	require.NoError(t, err)
+	assert.False(t, at.Before(before), "intent-at %s before %s", at, before)
+	assert.NotEmpty(t, pod.Annotations[keys.CompletionIntentBy])
+	assert.NotEqual(t, "someone-else", pod.Annotations[keys.CompletionIntentBy])
+
+	tests := map[string]struct {
+		change func(*corev1.Pod)
+		want   string
+	}{
+		"removal": {func(p *corev1.Pod) { delete(p.Annotations, keys.CompletionIntent) }, "annotation tally.dev/completion-intent is sticky: it was set to \"scale-down\" and cannot be removed"},
+		"change":  {func(p *corev1.Pod) { p.Annotations[keys.CompletionIntent] = "evicted" }, "cannot be changed to \"evicted\""},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			changed := pod.DeepCopy()
+			tc.change(changed)
+			err := env.Client.Update(ctx, changed)
+			require.Error(t, err)
+			assert.True(t, apierrors.IsForbidden(err), "%v", err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+
+	bad := builder.Pod(ns, "bad-reason").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Annotation(keys.CompletionIntent, "Scale_Down").Build()
+	err = env.Client.Create(ctx, bad)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `"Scale_Down" is not a valid reason`)
+}
+
+func TestUntrackedPodsPassUnchanged(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	for _, pod := range []*corev1.Pod{
+		builder.Pod(ns, "plain").Label("app", "x").Build(),
+		builder.Pod(ns, "job").ControlledBy(jobGVK, "job", "8c1e2b9e-0000-4000-8000-000000000001").Build(),
+		builder.Pod(ns, "not-controller").OwnedBy(builder.WorkerPoolGVK, "pool", "8c1e2b9e-0000-4000-8000-000000000002").Build(),
+	} {
+		want := pod.DeepCopy()
+		require.NoError(t, env.Client.Create(ctx, pod))
+		assert.Equal(t, want.Labels, pod.Labels, pod.Name)
+		assert.Equal(t, want.Annotations, pod.Annotations, pod.Name)
+	}
+}
+
+func TestVerifyOwner(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "verifying")
+	uid := createPool(t, ns, "pool-a")
+	c, w := clientWithWarnings(t)
+
+	pod := builder.Pod(ns, "real").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	require.NoError(t, c.Create(ctx, pod))
+	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])
+
+	forged := builder.Pod(ns, "forged").ControlledBy(builder.WorkerPoolGVK, "pool-a", "00000000-0000-4000-8000-00000000dead").Build()
+	require.NoError(t, c.Create(ctx, forged))
+	assert.NotContains(t, forged.Labels, keys.ParentUID)
+	assert.NotContains(t, forged.Annotations, keys.Parent)
+	assertWarned(t, w, "pod not stamped with its parent's identity: owner "+identity("pool-a")+" in namespace "+ns+" has UID "+string(uid))
+
+	missing := builder.Pod(ns, "missing").ControlledBy(builder.WorkerPoolGVK, "no-such-pool", "00000000-0000-4000-8000-00000000beef").Build()
+	require.NoError(t, c.Create(ctx, missing))
+	assert.NotContains(t, missing.Labels, keys.ParentUID)
+	assertWarned(t, w, "owner "+identity("no-such-pool")+" not found in namespace "+ns)
+}
+
+// TestCertificateRotation replaces the serving certificate several times
+// while a client keeps creating pods: every request succeeds, and the server
+// ends up serving the last certificate.
+func TestCertificateRotation(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "verifying")
+	uid := createPool(t, ns, "pool-a")
+	first, err := framework.ServingCertificate("127.0.0.1", verifying.port, verifying.ca.CertPEM)
+	require.NoError(t, err)
+
+	stop := make(chan struct{})
+	var created int
+	var failures []error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			pod := builder.Pod(ns, fmt.Sprintf("rot-%d", i)).ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+			if err := env.Client.Create(ctx, pod); err != nil {
+				failures = append(failures, err)
+			} else if pod.Labels[keys.ParentUID] != string(uid) {
+				failures = append(failures, fmt.Errorf("pod %s not stamped", pod.Name))
+			}
+			created++
+		}
+	}()
+
+	var last *x509.Certificate
+	for range 3 {
+		time.Sleep(300 * time.Millisecond)
+		require.NoError(t, issue())
+		data, err := os.ReadFile(filepath.Join(verifying.certDir, "tls.crt"))
+		require.NoError(t, err)
+		block, _ := pem.Decode(data)
+		require.NotNil(t, block)
+		last, err = x509.ParseCertificate(block.Bytes)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		cert, err := framework.ServingCertificate("127.0.0.1", verifying.port, verifying.ca.CertPEM)
+		return err == nil && cert.SerialNumber.Cmp(last.SerialNumber) == 0
+	}, 20*time.Second, 100*time.Millisecond, "the rotated certificate was never served")
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	<-done
+
+	assert.Empty(t, failures)
+	assert.Greater(t, created, 10)
+	assert.NotEqual(t, first.SerialNumber, last.SerialNumber)
+}
+
+func assertWarned(t *testing.T, w *warnings, substrings ...string) {
+	t.Helper()
+	got := w.all()
+	for _, s := range substrings {
+		found := false
+		for _, msg := range got {
+			found = found || strings.Contains(msg, s)
+		}
+		assert.True(t, found, "no warning contains %q; warnings: %q", s, got)
+	}
+}
