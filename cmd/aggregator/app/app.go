@@ -1,0 +1,96 @@
+// Package app wires tally's aggregator into a controller-runtime manager:
+// the shared pod cache, one controller per parent kind, leader election,
+// metrics and health endpoints. cmd/aggregator and the test suites start
+// the aggregator through Run.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/config"
+)
+
+// Options configure the aggregator process.
+type Options struct {
+	// MetricsAddr is the metrics endpoint's address; "0" disables it.
+	MetricsAddr string
+	// ProbeAddr is the address of /healthz and /readyz; "0" disables them.
+	ProbeAddr string
+	// LeaderElect makes replicas elect one writer through a Lease.
+	LeaderElect bool
+	// LeaderElectionNamespace holds the Lease; the pod's own namespace when
+	// empty and running in a cluster.
+	LeaderElectionNamespace string
+	// MaxConcurrentReconciles is how many parents of one kind are reconciled
+	// at once.
+	MaxConcurrentReconciles int
+}
+
+// LeaderElectionID names the Lease the aggregator replicas elect a leader
+// through.
+const LeaderElectionID = "tally-aggregator"
+
+// Run runs the aggregator until ctx is done. /readyz reports ready once the
+// caches have synced; no status is written before that.
+func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options) error {
+	log := ctrl.Log.WithName("aggregator")
+	ctx = ctrl.LoggerInto(ctx, log)
+	if opts.MaxConcurrentReconciles < 1 {
+		return fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", opts.MaxConcurrentReconciles)
+	}
+	mgr, err := ctrl.NewManager(restCfg, manager.Options{
+		Cache:                         aggregate.CacheOptions(cfg.Parents),
+		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
+		HealthProbeBindAddress:        opts.ProbeAddr,
+		LeaderElection:                opts.LeaderElect,
+		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		Logger:                        log,
+	})
+	if err != nil {
+		return fmt.Errorf("creating manager: %w", err)
+	}
+	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggregate.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}); err != nil {
+		return err
+	}
+
+	var synced atomic.Bool
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		if mgr.GetCache().WaitForCacheSync(ctx) {
+			synced.Store(true)
+			log.Info("Caches synced")
+		}
+		return nil
+	})); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("caches", func(*http.Request) error {
+		if !synced.Load() {
+			return errors.New("caches not synced")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	start := time.Now()
+	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles)
+	err = mgr.Start(ctx)
+	log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
+	return err
+}

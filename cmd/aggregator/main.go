@@ -1,0 +1,30 @@
+// Command aggregator keeps each parent's configured status fields equal to
+// the counts of its pods, written with server-side apply under the field
+// manager "tally-aggregator".
+package main
+
+import (
+	"flag"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/internal/command"
+)
+
+func main() {
+	var common command.Common
+	opts := app.Options{}
+	common.Bind(flag.CommandLine, ":8080")
+	flag.BoolVar(&opts.LeaderElect, "leader-elect", false, "Elect one active replica through a Lease, so that several replicas can run.")
+	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; the pod's own namespace when empty.")
+	flag.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "How many parents of one kind are reconciled at once; one parent is never reconciled twice at once.")
+	command.Main("aggregator", func() error {
+		cfg, restCfg, err := common.Setup()
+		if err != nil {
+			return err
+		}
+		opts.MetricsAddr, opts.ProbeAddr = common.MetricsAddr, common.ProbeAddr
+		return app.Run(ctrl.SetupSignalHandler(), cfg, restCfg, opts)
+	})
+}

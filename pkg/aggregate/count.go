@@ -1,0 +1,51 @@
+package aggregate
+
+import (
+	"k8s.io/apimachinery/pkg/types"
+
+	"tally.dev/tally/pkg/config"
+)
+
+// Counts are the counts of one parent's pods.
+type Counts struct {
+	Completing, Completed, Active, Unexpected int64
+}
+
+// Get returns the count named c.
+func (c Counts) Get(name config.Count) int64 {
+	switch name {
+	case config.Completing:
+		return c.Completing
+	case config.Completed:
+		return c.Completed
+	case config.Active:
+		return c.Active
+	case config.Unexpected:
+		return c.Unexpected
+	}
+	return 0
+}
+
+// Tally counts the pods of the parent with UID uid. A pod belongs to the
+// parent only when it is labelled with uid and its controller ownerReference
+// carries uid too; other pods are ignored.
+func Tally(uid types.UID, pods []*Pod) Counts {
+	var c Counts
+	for _, pod := range pods {
+		if pod.ParentUID != uid || pod.Controller.UID != uid {
+			continue
+		}
+		terminal := pod.Terminal()
+		switch {
+		case pod.Intent && !terminal:
+			c.Completing++
+		case pod.Intent:
+			c.Completed++
+		case terminal || pod.DeletionTimestamp != nil:
+			c.Unexpected++
+		default:
+			c.Active++
+		}
+	}
+	return c
+}

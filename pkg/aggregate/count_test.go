@@ -1,0 +1,82 @@
+package aggregate
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+)
+
+const uid = types.UID("uid-p")
+
+var reducer = NewReducer([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}})
+
+func member() *builder.PodBuilder {
+	return builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, string(uid))
+}
+
+func terminating(b *builder.PodBuilder) *corev1.Pod {
+	p := b.Build()
+	p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	return p
+}
+
+func intent(b *builder.PodBuilder) *builder.PodBuilder {
+	return b.Annotation(keys.CompletionIntent, "scale-down")
+}
+
+func TestTally(t *testing.T) {
+	tests := []struct {
+		name string
+		pod  *corev1.Pod
+		want Counts
+	}{
+		{"running, no intent: active", member().Phase(corev1.PodRunning).Build(), Counts{Active: 1}},
+		{"pending, no intent: active", member().Phase(corev1.PodPending).Build(), Counts{Active: 1}},
+		{"no phase yet: active", member().Build(), Counts{Active: 1}},
+		{"terminating, no intent: unexpected", terminating(member().Phase(corev1.PodRunning)), Counts{Unexpected: 1}},
+		{"succeeded, no intent: unexpected", member().Phase(corev1.PodSucceeded).Build(), Counts{Unexpected: 1}},
+		{"failed, no intent: unexpected", member().Phase(corev1.PodFailed).Build(), Counts{Unexpected: 1}},
+		{"intent, running: completing", intent(member()).Phase(corev1.PodRunning).Build(), Counts{Completing: 1}},
+		{"intent, pending: completing", intent(member()).Phase(corev1.PodPending).Build(), Counts{Completing: 1}},
+		{"intent, terminating: still completing", terminating(intent(member()).Phase(corev1.PodRunning)), Counts{Completing: 1}},
+		{"intent, succeeded: completed", intent(member()).Phase(corev1.PodSucceeded).Build(), Counts{Completed: 1}},
+		{"intent, failed: completed", intent(member()).Phase(corev1.PodFailed).Build(), Counts{Completed: 1}},
+		{"intent, succeeded and terminating: completed", terminating(intent(member()).Phase(corev1.PodSucceeded)), Counts{Completed: 1}},
+		{"label without ownerReference: not counted", builder.Pod("ns", "p").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
+		{"label with another owner's reference: not counted", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "other", "uid-q").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
+		{"non-controller reference: not counted", builder.Pod("ns", "p").OwnedBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
+		{"another parent's pod: not counted", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "other", "uid-q").Label(keys.ParentUID, "uid-q").Build(), Counts{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, Tally(uid, []*Pod{reducer.Pod(tc.pod)}))
+		})
+	}
+}
+
+func TestTallySums(t *testing.T) {
+	pods := []*corev1.Pod{
+		member().Phase(corev1.PodRunning).Build(),
+		member().Phase(corev1.PodRunning).Build(),
+		intent(member()).Phase(corev1.PodRunning).Build(),
+		intent(member()).Phase(corev1.PodSucceeded).Build(),
+		member().Phase(corev1.PodFailed).Build(),
+	}
+	var cached []*Pod
+	for _, p := range pods {
+		cached = append(cached, reducer.Pod(p))
+	}
+	got := Tally(uid, cached)
+	assert.Equal(t, Counts{Active: 2, Completing: 1, Completed: 1, Unexpected: 1}, got)
+	for name, want := range map[config.Count]int64{config.Active: 2, config.Completing: 1, config.Completed: 1, config.Unexpected: 1} {
+		assert.Equal(t, want, got.Get(name), name)
+	}
+}

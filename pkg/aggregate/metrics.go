@@ -1,0 +1,87 @@
+package aggregate
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	reconciles = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_reconciles_total",
+		Help: "Parents reconciled, by parent kind.",
+	}, []string{"kind"})
+	applies = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_applies_total",
+		Help: "Server-side applies of status counts sent, by parent kind.",
+	}, []string{"kind"})
+	appliesSkipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_applies_skipped_total",
+		Help: "Reconciles that sent no apply because every mapped field already held its count, by parent kind.",
+	}, []string{"kind"})
+	applyErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_apply_errors_total",
+		Help: "Server-side applies of status counts that failed, by parent kind.",
+	}, []string{"kind"})
+	kindProblems = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tally_aggregator_parent_kind_problems",
+		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, no-status-subresource, resource-mismatch, field-not-in-schema).",
+	}, []string{"kind", "problem"})
+)
+
+// changes tracks, for each parent with an unprocessed change, when its first
+// unprocessed change was seen.
+var changes = newPending()
+
+func init() {
+	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, kindProblems,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tally_aggregator_oldest_unprocessed_change_seconds",
+			Help: "Age of the oldest change to a parent or its pods that no reconcile has picked up yet; 0 when there is none.",
+		}, func() float64 { return changes.oldest(time.Now()).Seconds() }))
+}
+
+// parentKey identifies a parent across kinds.
+type parentKey struct {
+	kind schema.GroupKind
+	name types.NamespacedName
+}
+
+// pending records when each parent first had an unprocessed change.
+type pending struct {
+	mu    sync.Mutex
+	since map[parentKey]time.Time
+}
+
+func newPending() *pending { return &pending{since: map[parentKey]time.Time{}} }
+
+// seen records a change to parent at now, unless an earlier one is pending.
+func (p *pending) seen(parent parentKey, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.since[parent]; !ok {
+		p.since[parent] = now
+	}
+}
+
+// picked records that a reconcile of parent started: every change seen so
+// far is being processed.
+func (p *pending) picked(parent parentKey) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.since, parent)
+}
+
+func (p *pending) oldest(now time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var age time.Duration
+	for _, t := range p.since {
+		age = max(age, now.Sub(t))
+	}
+	return age
+}

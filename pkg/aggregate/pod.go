@@ -1,0 +1,149 @@
+package aggregate
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+)
+
+// Pod is what the aggregator's cache keeps of a pod: its identity and the
+// few fields the counts read. The informer's transform (Reducer.Transform)
+// replaces every watched pod with one, so that a cached pod costs a few
+// hundred bytes instead of the whole object.
+type Pod struct {
+	metav1.TypeMeta
+	// ObjectMeta holds only name, namespace, UID, resourceVersion and
+	// deletionTimestamp; labels, annotations and ownerReferences are folded
+	// into the fields below.
+	metav1.ObjectMeta
+
+	// ParentUID is the value of the keys.ParentUID label.
+	ParentUID types.UID
+	// Controller is the pod's controller ownerReference; zero when it has
+	// none.
+	Controller Controller
+	// Intent reports whether the pod carries keys.CompletionIntent.
+	Intent bool
+	// Phase is the pod's status.phase.
+	Phase corev1.PodPhase
+}
+
+// Controller is a pod's controller ownerReference.
+type Controller struct {
+	// Kind is set only when the controller is of a tracked parent kind.
+	Kind schema.GroupKind
+	Name string
+	UID  types.UID
+}
+
+var _ client.Object = (*Pod)(nil)
+
+// DeepCopyObject implements runtime.Object.
+func (p *Pod) DeepCopyObject() runtime.Object {
+	out := *p
+	if p.DeletionTimestamp != nil {
+		t := *p.DeletionTimestamp
+		out.DeletionTimestamp = &t
+	}
+	return &out
+}
+
+// Terminal reports whether the pod's phase is Succeeded or Failed.
+func (p *Pod) Terminal() bool {
+	return p.Phase == corev1.PodSucceeded || p.Phase == corev1.PodFailed
+}
+
+// Reducer reduces pods to what the cache keeps of them.
+type Reducer struct {
+	// kinds maps each tracked kind to itself, so that every cached pod
+	// shares the configuration's strings.
+	kinds map[schema.GroupKind]schema.GroupKind
+}
+
+// NewReducer returns a Reducer for the given parent kinds.
+func NewReducer(parents []config.Parent) *Reducer {
+	kinds := make(map[schema.GroupKind]schema.GroupKind, len(parents))
+	for _, p := range parents {
+		kinds[p.GroupKind()] = p.GroupKind()
+	}
+	return &Reducer{kinds: kinds}
+}
+
+// Transform is the pod informer's transform: it reduces a *corev1.Pod to a
+// *Pod. Anything else (a tombstone, an object already reduced) passes
+// through unchanged.
+func (r *Reducer) Transform(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	return r.Pod(pod), nil
+}
+
+// Pod returns what the cache keeps of pod.
+func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
+	out := &Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+			DeletionTimestamp: pod.DeletionTimestamp,
+		},
+		ParentUID: types.UID(pod.Labels[keys.ParentUID]),
+		Phase:     pod.Status.Phase,
+	}
+	_, out.Intent = pod.Annotations[keys.CompletionIntent]
+	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
+		out.Controller = Controller{Name: ref.Name, UID: ref.UID}
+		if out.Controller.UID == out.ParentUID {
+			// Share one string for the two equal UIDs.
+			out.Controller.UID = out.ParentUID
+		}
+		if gv, err := schema.ParseGroupVersion(ref.APIVersion); err == nil {
+			out.Controller.Kind = r.kinds[schema.GroupKind{Group: gv.Group, Kind: ref.Kind}]
+		}
+	}
+	return out
+}
+
+// ParentIndex names the pod informer's index by parent UID.
+const ParentIndex = "tally.dev/parent-uid"
+
+// IndexByParent is the pod informer's index function: a pod is filed under
+// the value of its keys.ParentUID label. UIDs are unique across
+// namespaces, so the key needs no namespace.
+func IndexByParent(obj any) ([]string, error) {
+	switch p := obj.(type) {
+	case *Pod:
+		return []string{string(p.ParentUID)}, nil
+	case *corev1.Pod:
+		return []string{p.Labels[keys.ParentUID]}, nil
+	}
+	return nil, fmt.Errorf("indexing by parent: unexpected object %T", obj)
+}
+
+// Indexers are the indexes the pod informer needs.
+var Indexers = toolscache.Indexers{ParentIndex: IndexByParent}
+
+// PodsOf returns the cached pods filed under the parent's UID. The pods are
+// shared with the cache and must not be modified.
+func PodsOf(indexer toolscache.Indexer, uid types.UID) ([]*Pod, error) {
+	objs, err := indexer.ByIndex(ParentIndex, string(uid))
+	if err != nil {
+		return nil, fmt.Errorf("listing pods of parent %s: %w", uid, err)
+	}
+	pods := make([]*Pod, 0, len(objs))
+	for _, obj := range objs {
+		if p, ok := obj.(*Pod); ok {
+			pods = append(pods, p)
+		}
+	}
+	return pods, nil
+}

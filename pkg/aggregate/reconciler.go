@@ -1,0 +1,172 @@
+package aggregate
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"tally.dev/tally/pkg/config"
+)
+
+// FieldManager is the server-side apply field manager under which the
+// aggregator owns the mapped status fields.
+const FieldManager = "tally-aggregator"
+
+// Reconciler keeps one parent kind's mapped status fields equal to the
+// counts of each parent's pods.
+type Reconciler struct {
+	gvk    schema.GroupVersionKind
+	kind   string
+	fields []config.Field
+	// parents reads parents from the informer cache.
+	parents client.Reader
+	// writer sends the server-side applies.
+	writer client.Client
+	// pods is the shared pod informer's indexer.
+	pods     toolscache.Indexer
+	recorder events.EventRecorder
+}
+
+var _ reconcile.Reconciler = (*Reconciler)(nil)
+
+// NewReconciler returns the reconciler of one parent kind.
+func NewReconciler(parent config.Parent, parents client.Reader, writer client.Client, pods toolscache.Indexer, recorder events.EventRecorder) *Reconciler {
+	return &Reconciler{
+		gvk: parent.GroupVersionKind(), kind: parent.GroupKind().String(), fields: parent.Fields(),
+		parents: parents, writer: writer, pods: pods, recorder: recorder,
+	}
+}
+
+// Reconcile recomputes one parent's counts from the cached pods and applies
+// the mapped fields whose values differ from what the parent shows.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	changes.picked(parentKey{kind: r.gvk.GroupKind(), name: req.NamespacedName})
+	reconciles.WithLabelValues(r.kind).Inc()
+
+	parent := &unstructured.Unstructured{}
+	parent.SetGroupVersionKind(r.gvk)
+	if err := r.parents.Get(ctx, req.NamespacedName, parent); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	pods, err := PodsOf(r.pods, parent.GetUID())
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	counts := Tally(parent.GetUID(), pods)
+	if !r.differs(parent, counts) {
+		appliesSkipped.WithLabelValues(r.kind).Inc()
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{}, r.apply(ctx, parent, counts)
+}
+
+// differs reports whether any mapped field of parent does not hold its
+// count.
+func (r *Reconciler) differs(parent *unstructured.Unstructured, counts Counts) bool {
+	for _, f := range r.fields {
+		v, found, err := unstructured.NestedFieldNoCopy(parent.Object, f.Path...)
+		if err != nil || !found || !equalCount(v, counts.Get(f.Count)) {
+			return true
+		}
+	}
+	return false
+}
+
+func equalCount(v any, want int64) bool {
+	switch n := v.(type) {
+	case int64:
+		return n == want
+	case int32:
+		return int64(n) == want
+	case int:
+		return int64(n) == want
+	case float64:
+		return n == float64(want)
+	}
+	return false
+}
+
+// apply sends one server-side apply to the status subresource holding
+// exactly the mapped fields. The parent's UID makes it a precondition: a
+// parent deleted and created again under the same name is not written with
+// the old one's counts.
+func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, counts Counts) error {
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": r.gvk.GroupVersion().String(),
+		"kind":       r.gvk.Kind,
+		"metadata": map[string]any{
+			"name": parent.GetName(), "namespace": parent.GetNamespace(), "uid": string(parent.GetUID()),
+		},
+	}}
+	values := make([]any, 0, 2*len(r.fields))
+	for _, f := range r.fields {
+		if err := unstructured.SetNestedField(obj.Object, counts.Get(f.Count), f.Path...); err != nil {
+			return fmt.Errorf("building status of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
+		}
+		values = append(values, string(f.Count), counts.Get(f.Count))
+	}
+	err := r.writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership)
+	switch {
+	case err == nil:
+		applies.WithLabelValues(r.kind).Inc()
+		log.FromContext(ctx).V(1).Info("Applied counts", values...)
+		return nil
+	case apierrors.IsNotFound(err), apierrors.IsConflict(err) && strings.Contains(err.Error(), "UID"):
+		// The parent is gone, or was replaced: its own events reconcile it.
+		return nil
+	case strings.Contains(err.Error(), "field not declared in schema"):
+		// Retrying cannot help until the CRD changes; the parent's next
+		// change tries again.
+		r.reportSchema(ctx, parent, err)
+		return nil
+	}
+	applyErrors.WithLabelValues(r.kind).Inc()
+	return fmt.Errorf("applying status of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
+}
+
+// reportSchema reports that the parent kind's schema does not declare a
+// mapped field, so the API server refuses to apply it.
+func (r *Reconciler) reportSchema(ctx context.Context, parent *unstructured.Unstructured, err error) {
+	applyErrors.WithLabelValues(r.kind).Inc()
+	kindProblems.WithLabelValues(r.kind, "field-not-in-schema").Set(1)
+	paths := make([]string, 0, len(r.fields))
+	for _, f := range r.fields {
+		paths = append(paths, strings.Join(f.Path, "."))
+	}
+	log.FromContext(ctx).Error(err, "The parent kind's schema does not declare a mapped status field; add it to the CRD",
+		"kind", r.kind, "fields", paths)
+	r.recorder.Eventf(parent, nil, corev1.EventTypeWarning, "StatusFieldNotInSchema", "ApplyCounts",
+		"tally cannot write the counts: the schema of %s must declare %s (%v)", r.kind, strings.Join(paths, ", "), err)
+}
+
+// parentOf maps a pod to the parent of this reconciler's kind that controls
+// it, and records the change as pending.
+func (r *Reconciler) parentOf(_ context.Context, obj client.Object) []reconcile.Request {
+	pod, ok := obj.(*Pod)
+	if !ok || pod.Controller.Kind != r.gvk.GroupKind() {
+		return nil
+	}
+	return r.pendingRequest(types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name})
+}
+
+// self maps a parent to itself, and records the change as pending.
+func (r *Reconciler) self(_ context.Context, obj client.Object) []reconcile.Request {
+	return r.pendingRequest(client.ObjectKeyFromObject(obj))
+}
+
+func (r *Reconciler) pendingRequest(name types.NamespacedName) []reconcile.Request {
+	changes.seen(parentKey{kind: r.gvk.GroupKind(), name: name}, time.Now())
+	return []reconcile.Request{{NamespacedName: name}}
+}
