@@ -3,7 +3,6 @@ package mutate
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/intent"
 	"tally.dev/tally/pkg/keys"
 )
 
@@ -95,9 +95,6 @@ func NewMutator(parents []config.Parent, checker OwnerChecker) *Mutator {
 	}
 	return &Mutator{tracked: tracked, checker: checker}
 }
-
-// reasonToken is the form of a completion-intent reason.
-var reasonToken = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // intentClockSkew bounds how far a completion-intent-at value already on a
 // pod may lie from now and still be taken as the webhook's own stamp from an
@@ -215,8 +212,10 @@ func checkIntent(in Input) string {
 			return ""
 		}
 	}
-	if has && !reasonToken.MatchString(reason) {
-		return fmt.Sprintf("annotation %s: %q is not a valid reason: it must be 1 to 63 lowercase letters, digits or '-', starting and ending with a letter or digit (e.g. scale-down)", keys.CompletionIntent, reason)
+	if has {
+		if err := intent.ValidReason(reason); err != nil {
+			return fmt.Sprintf("annotation %s: %v", keys.CompletionIntent, err)
+		}
 	}
 	return ""
 }

@@ -3,7 +3,6 @@ package mutate
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,48 +14,15 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
 )
 
-// realisticPod is a pod of about 4 KiB of JSON: several containers with env,
-// resources, probes and volumes, as a worker pool's pods look.
 func realisticPod() *corev1.Pod {
-	p := pod().ControlledBy(pool, "pool-a", uid).Label("app.kubernetes.io/name", "worker").
-		Label("app.kubernetes.io/instance", "pool-a").Annotation("prometheus.io/scrape", "true").Build()
-	p.APIVersion, p.Kind = "v1", "Pod"
-	p.GenerateName = "pool-a-"
-	var containers []corev1.Container
-	for i := range 3 {
-		c := corev1.Container{
-			Name:    fmt.Sprintf("worker-%d", i),
-			Image:   "registry.example/team/worker:v1.42.0@sha256:" + strings.Repeat("ab", 32),
-			Command: []string{"/bin/worker", "--queue=jobs", "--concurrency=8"},
-			Resources: corev1.ResourceRequirements{
-				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
-				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")},
-			},
-			VolumeMounts:   []corev1.VolumeMount{{Name: "data", MountPath: "/data"}, {Name: "config", MountPath: "/etc/worker", ReadOnly: true}},
-			ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(8080)}}},
-		}
-		for j := range 6 {
-			c.Env = append(c.Env, corev1.EnvVar{Name: fmt.Sprintf("WORKER_SETTING_%d", j), Value: fmt.Sprintf("value-%d-%d", i, j)})
-		}
-		containers = append(containers, c)
-	}
-	p.Spec.Containers = containers
-	p.Spec.Volumes = []corev1.Volume{
-		{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-		{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "worker-config"}}}},
-	}
-	p.Spec.ServiceAccountName = "worker"
-	p.Spec.NodeSelector = map[string]string{"kubernetes.io/os": "linux"}
-	p.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "workers", Effect: corev1.TaintEffectNoSchedule}}
-	return p
+	return builder.RealisticPod(pod().ControlledBy(pool, "pool-a", uid))
 }
 
 func reviewBody(t testing.TB, op admissionv1.Operation, pod, old *corev1.Pod) []byte {

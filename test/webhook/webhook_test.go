@@ -35,6 +35,7 @@ import (
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/cmd/webhook/app"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/intent"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/builder"
@@ -404,4 +405,29 @@ func assertWarned(t *testing.T, w *warnings, substrings ...string) {
 		}
 		assert.True(t, found, "no warning contains %q; warnings: %q", s, got)
 	}
+}
+
+// TestMarkForCompletion exercises the operator helper through the webhook.
+func TestMarkForCompletion(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	pod := builder.Pod(ns, "p").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	require.NoError(t, env.Client.Create(ctx, pod))
+
+	require.NoError(t, intent.MarkForCompletion(ctx, env.Client, pod, "scale-down"))
+	assert.Equal(t, "scale-down", pod.Annotations[keys.CompletionIntent])
+	assert.NotEmpty(t, pod.Annotations[keys.CompletionIntentAt])
+	assert.NotEmpty(t, pod.Annotations[keys.CompletionIntentBy])
+
+	rv := pod.ResourceVersion
+	require.NoError(t, intent.MarkForCompletion(ctx, env.Client, pod, "scale-down"))
+	assert.Equal(t, rv, pod.ResourceVersion, "marking again wrote the pod")
+
+	err := intent.MarkForCompletion(ctx, env.Client, pod.DeepCopy(), "evicted")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is sticky")
+
+	err = intent.MarkForCompletion(ctx, env.Client, pod.DeepCopy(), "Not Valid")
+	assert.ErrorContains(t, err, `"Not Valid" is not a valid reason`)
 }

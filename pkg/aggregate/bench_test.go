@@ -1,0 +1,119 @@
+package aggregate
+
+import (
+	"encoding/json"
+	"fmt"
+	"runtime"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+)
+
+func parentPod(parent string, uid types.UID, i int) *corev1.Pod {
+	b := builder.Pod("ns", fmt.Sprintf("%s-%d", parent, i)).ControlledBy(builder.WorkerPoolGVK, parent, uid).Label(keys.ParentUID, string(uid))
+	if i%4 == 0 {
+		b = b.Annotation(keys.CompletionIntent, "scale-down")
+	}
+	return b.Phase(corev1.PodRunning).Build()
+}
+
+// BenchmarkCountParent counts one parent's 100 pods while the cache holds
+// 1k, 10k or 100k pods of 100-pod parents: the time must not grow with the
+// other parents' pods, since the index answers "pods of P" directly.
+func BenchmarkCountParent(b *testing.B) {
+	for _, others := range []int{1_000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("others=%d", others), func(b *testing.B) {
+			indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, Indexers)
+			for p := range others / 100 {
+				parent := fmt.Sprintf("other-%d", p)
+				uid := types.UID(fmt.Sprintf("uid-%d", p))
+				for i := range 100 {
+					if err := indexer.Add(reducer.Pod(parentPod(parent, uid, i))); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			for i := range 100 {
+				if err := indexer.Add(reducer.Pod(parentPod("target", uid, i))); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				pods, err := PodsOf(indexer, uid)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if c := Tally(uid, pods); c.Completing != 25 || c.Active != 75 {
+					b.Fatalf("counts %+v", c)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkCachedPodMemory measures the heap a cached pod costs in an
+// indexed store like the informer's: pods decoded from realistic JSON, kept
+// whole or reduced by the transform. It reports bytes per pod.
+func BenchmarkCachedPodMemory(b *testing.B) {
+	const n = 20_000
+	raw := make([][]byte, n)
+	for i := range raw {
+		pod := builder.RealisticPod(builder.Pod("ns", fmt.Sprintf("pool-a-%05d", i)).
+			ControlledBy(builder.WorkerPoolGVK, "pool-a", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").
+			Label(keys.ParentUID, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").
+			Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool-a"))
+		pod.UID = types.UID(fmt.Sprintf("9d1f8c1e-0000-4000-8000-%012d", i))
+		pod.ResourceVersion = fmt.Sprint(100000 + i)
+		pod.Status.Phase = corev1.PodRunning
+		var err error
+		if raw[i], err = json.Marshal(pod); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		transform func(any) (any, error)
+	}{
+		{"whole", func(o any) (any, error) { return o, nil }},
+		{"reduced", reducer.Transform},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var perPod float64
+			for b.Loop() {
+				perPod = cachedBytesPerPod(b, raw, tc.transform)
+			}
+			b.ReportMetric(perPod, "B/pod")
+		})
+	}
+}
+
+func cachedBytesPerPod(b *testing.B, raw [][]byte, transform func(any) (any, error)) float64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, Indexers)
+	for _, r := range raw {
+		pod := &corev1.Pod{}
+		if err := json.Unmarshal(r, pod); err != nil {
+			b.Fatal(err)
+		}
+		obj, err := transform(pod)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := indexer.Add(obj); err != nil {
+			b.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(indexer)
+	return float64(after.HeapAlloc-before.HeapAlloc) / float64(len(raw))
+}
