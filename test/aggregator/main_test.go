@@ -16,7 +16,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -193,26 +192,7 @@ func truth(t *testing.T, ns string, uid types.UID) map[config.Count]int64 {
 	t.Helper()
 	var pods corev1.PodList
 	require.NoError(t, env.Client.List(context.Background(), &pods, client.InNamespace(ns)))
-	got := map[config.Count]int64{config.Completing: 0, config.Completed: 0, config.Active: 0, config.Unexpected: 0}
-	for _, p := range pods.Items {
-		ref := metav1.GetControllerOf(&p)
-		if p.Labels[keys.ParentUID] != string(uid) || ref == nil || ref.UID != uid {
-			continue
-		}
-		_, intent := p.Annotations[keys.CompletionIntent]
-		terminal := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-		switch {
-		case intent && !terminal:
-			got[config.Completing]++
-		case intent && terminal:
-			got[config.Completed]++
-		case !intent && (terminal || p.DeletionTimestamp != nil):
-			got[config.Unexpected]++
-		default:
-			got[config.Active]++
-		}
-	}
-	return got
+	return framework.Truth(pods.Items, uid)
 }
 
 // shown reads the mapped fields a parent shows; a missing field reads -1.

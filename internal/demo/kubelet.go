@@ -1,0 +1,68 @@
+package demo
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/pkg/keys"
+)
+
+// kubelet stands in for the node agent the control plane lacks: it starts
+// new pods after a short delay, and lets pods marked for completion finish
+// their work and exit (phase Succeeded) after a random delay.
+func (d *Demo) kubelet(ctx context.Context) {
+	due := map[types.UID]time.Time{}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		var pods corev1.PodList
+		if err := d.client.List(ctx, &pods, client.InNamespace(Namespace)); err != nil {
+			d.say("kubelet: %v", err)
+			continue
+		}
+		now := time.Now()
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			_, marked := p.Annotations[keys.CompletionIntent]
+			var next corev1.PodPhase
+			var delay time.Duration
+			switch {
+			case p.DeletionTimestamp != nil:
+				continue
+			case p.Status.Phase == "" || p.Status.Phase == corev1.PodPending:
+				next, delay = corev1.PodRunning, time.Duration(100+d.kubeletRNG.IntN(500))*time.Millisecond
+			case p.Status.Phase == corev1.PodRunning && marked:
+				next, delay = corev1.PodSucceeded, time.Duration(500+d.kubeletRNG.IntN(2500))*time.Millisecond
+			default:
+				continue
+			}
+			when, ok := due[p.UID]
+			if !ok {
+				due[p.UID] = now.Add(delay)
+				continue
+			}
+			if now.After(when) {
+				if err := setPhase(ctx, d.client, p, next); client.IgnoreNotFound(err) != nil {
+					d.say("kubelet: %v", err)
+				} else {
+					delete(due, p.UID)
+				}
+			}
+		}
+	}
+}
+
+func setPhase(ctx context.Context, c client.Client, pod *corev1.Pod, phase corev1.PodPhase) error {
+	patch := client.MergeFrom(pod.DeepCopy())
+	pod.Status.Phase = phase
+	return c.Status().Patch(ctx, pod, patch)
+}

@@ -1,0 +1,88 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// process is one of tally's binaries, run as a child process whose output
+// goes to a log file.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan error
+}
+
+func startProcess(name, bin, logDir string, args ...string) (*process, error) {
+	logPath := filepath.Join(logDir, name+".log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// The child dies with the demo, even if the demo is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan error, 1)}
+	go func() {
+		p.done <- cmd.Wait()
+		logFile.Close()
+	}()
+	return p, nil
+}
+
+// stop asks the process to exit (SIGTERM) and kills it if it has not after
+// a grace period.
+func (p *process) stop() error {
+	if p == nil {
+		return nil
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		var exit *exec.ExitError
+		if errors.As(err, &exit) && exit.Sys().(syscall.WaitStatus).Signaled() {
+			return nil
+		}
+		return err
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("%s did not exit within 15s of SIGTERM and was killed", p.name)
+	}
+}
+
+// waitReady polls url until it answers 200, the process exits or ctx ends.
+func (p *process) waitReady(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case err := <-p.done:
+			p.done <- err
+			return fmt.Errorf("%s exited before it was ready (%v); see %s", p.name, err, p.logPath)
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready at %s: %w; see %s", p.name, url, ctx.Err(), p.logPath)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

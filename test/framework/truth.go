@@ -1,0 +1,37 @@
+package framework
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+)
+
+// Truth counts a parent's pods straight from the specification's
+// definitions. Tests and the demo compare what tally writes with it,
+// computed from a fresh List; it shares no code with the aggregator.
+func Truth(pods []corev1.Pod, uid types.UID) map[config.Count]int64 {
+	got := map[config.Count]int64{config.Completing: 0, config.Completed: 0, config.Active: 0, config.Unexpected: 0}
+	for i := range pods {
+		p := &pods[i]
+		ref := metav1.GetControllerOf(p)
+		if p.Labels[keys.ParentUID] != string(uid) || ref == nil || ref.UID != uid {
+			continue
+		}
+		_, intent := p.Annotations[keys.CompletionIntent]
+		terminal := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		switch {
+		case intent && !terminal:
+			got[config.Completing]++
+		case intent && terminal:
+			got[config.Completed]++
+		case !intent && (terminal || p.DeletionTimestamp != nil):
+			got[config.Unexpected]++
+		default:
+			got[config.Active]++
+		}
+	}
+	return got
+}
