@@ -17,8 +17,10 @@ STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
-GO_TEST_FLAGS ?= -race -count=1
+GO_TEST_FLAGS ?= -race -count=1 -timeout 30m
 FUZZ_TIME ?= 30s
+BENCH_COUNT ?= 5
+DEMO_DURATION ?= 60s
 
 .PHONY: help
 help: ## List the targets.
@@ -48,6 +50,25 @@ test: envtest-assets ## Run unit tests, fuzz seed corpora and the envtest suites
 	@echo ">> go test $(GO_TEST_FLAGS) ./... (control plane from $(KUBEBUILDER_ASSETS))"
 	go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: demo
+demo: build envtest-assets ## Run tally on a local control plane and drive the scale-down scenario (DEMO_DURATION, default 60s).
+	@echo ">> running the demo (kubeconfig, certificates and logs in .demo/)"
+	go run ./cmd/tally-demo --duration $(DEMO_DURATION)
+
+.PHONY: fuzz
+fuzz: ## Fuzz the webhook's request path for FUZZ_TIME (default 30s) per target.
+	@echo ">> fuzzing pkg/mutate for $(FUZZ_TIME) per target"
+	go test ./pkg/mutate -run '^$$' -fuzz '^FuzzHandler$$' -fuzztime $(FUZZ_TIME)
+	go test ./pkg/mutate -run '^$$' -fuzz '^FuzzAppendString$$' -fuzztime $(FUZZ_TIME)
+
+.PHONY: bench
+bench: envtest-assets ## Run the benchmarks and the aggregator bench program (figures in docs/benchmarks.md).
+	@echo ">> go test benchmarks (one core for the webhook, as the targets state)"
+	go test ./pkg/mutate -run '^$$' -bench . -benchmem -cpu 1 -count $(BENCH_COUNT)
+	go test ./pkg/aggregate -run '^$$' -bench . -benchmem -count $(BENCH_COUNT)
+	@echo ">> aggregator against a real API server"
+	go run ./test/bench
+
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 	@echo ">> gofmt -l"
@@ -65,4 +86,4 @@ $(STATICCHECK):
 
 .PHONY: clean
 clean: ## Remove bin/ (including the control plane binaries).
-	rm -rf $(BIN)
+	rm -rf $(BIN) .demo

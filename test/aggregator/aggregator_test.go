@@ -175,7 +175,7 @@ func TestFieldOwnership(t *testing.T) {
 	owned := map[string]string{}
 	for _, mf := range pool.GetManagedFields() {
 		if mf.Subresource == "status" && mf.FieldsV1 != nil {
-			owned[mf.Manager] = string(mf.FieldsV1.Raw)
+			owned[mf.Manager] = mf.FieldsV1.GetRawString()
 		}
 	}
 	assert.JSONEq(t, `{"f:status":{"f:active":{},"f:completed":{},"f:completing":{},"f:unexpected":{}}}`, owned[aggregate.FieldManager])

@@ -56,7 +56,7 @@ func TestStatusApplyRecordsFieldManager(t *testing.T) {
 
 	var owner string
 	for _, mf := range got.GetManagedFields() {
-		if mf.Subresource == "status" && mf.FieldsV1 != nil && string(mf.FieldsV1.Raw) == `{"f:status":{"f:completing":{}}}` {
+		if mf.Subresource == "status" && mf.FieldsV1 != nil && mf.FieldsV1.GetRawString() == `{"f:status":{"f:completing":{}}}` {
 			owner = mf.Manager
 		}
 	}
