@@ -8,12 +8,19 @@ SHELL := /usr/bin/env bash
 # Tool versions, pinned here and nowhere else.
 KUBERNETES_VERSION := 1.37.2
 STATICCHECK_VERSION := v0.8.2
+HELM_VERSION := v3.22.0
+CERT_MANAGER_VERSION := v1.21.2
 
 BIN := $(CURDIR)/bin
 ENVTEST_DIR := $(BIN)/k8s/$(KUBERNETES_VERSION)
 KUBE_APISERVER := $(ENVTEST_DIR)/kube-apiserver
 ETCD := $(ENVTEST_DIR)/etcd
 STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
+HELM := $(BIN)/helm-$(HELM_VERSION)
+CERT_MANAGER_CRDS := $(BIN)/cert-manager-crds-$(CERT_MANAGER_VERSION)
+
+export HELM
+export CERT_MANAGER_CRDS
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
@@ -45,8 +52,31 @@ $(ETCD):
 	@mkdir -p $(ENVTEST_DIR)
 	cd hack/envtest && go build -o $@ ./etcd
 
+# helm, built from source with the version stamps its release build sets.
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37 \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37
+
+.PHONY: helm
+helm: $(HELM) ## Build helm from source into bin/.
+
+$(HELM):
+	@echo ">> building helm $(HELM_VERSION) from source"
+	cd hack/helm && go build -ldflags '$(HELM_LDFLAGS)' -o $@ helm.sh/helm/v3/cmd/helm
+
+# cert-manager's CRDs, taken from its Go module (manifests only), for the
+# server-side dry-run of the chart's Issuer and Certificate.
+$(CERT_MANAGER_CRDS):
+	@echo ">> fetching cert-manager $(CERT_MANAGER_VERSION) CRDs from the Go module proxy"
+	@dir=$$(go mod download -json github.com/cert-manager/cert-manager@$(CERT_MANAGER_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p'); \
+	test -n "$$dir" && mkdir -p $@.tmp && cp $$dir/deploy/crds/*.yaml $@.tmp/ && mv $@.tmp $@
+
+.PHONY: golden
+golden: $(HELM) ## Regenerate the chart's golden files under test/chart/testdata.
+	UPDATE_GOLDEN=true go test ./test/chart -run TestGolden -count=1
+
 .PHONY: test
-test: envtest-assets ## Run unit tests, fuzz seed corpora and the envtest suites, with -race.
+test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) ## Run unit tests, fuzz seed corpora, envtest suites and chart tests, with -race.
 	@echo ">> go test $(GO_TEST_FLAGS) ./... (control plane from $(KUBEBUILDER_ASSETS))"
 	go test $(GO_TEST_FLAGS) ./...
 

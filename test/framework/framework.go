@@ -89,3 +89,27 @@ func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 	}
 	return ns.Name, nil
 }
+
+// Tool versions the chart tests use; the Makefile builds them into bin/
+// and exports their paths as HELM and CERT_MANAGER_CRDS.
+const (
+	HelmVersion        = "v3.22.0"
+	CertManagerVersion = "v1.21.2"
+)
+
+// Helm returns the path of the helm binary: $HELM, else bin/helm-<version>.
+func Helm() string {
+	if h := os.Getenv("HELM"); h != "" {
+		return h
+	}
+	return Path("bin", "helm-"+HelmVersion)
+}
+
+// CertManagerCRDs returns the folder of cert-manager's CRDs:
+// $CERT_MANAGER_CRDS, else bin/cert-manager-crds-<version>.
+func CertManagerCRDs() string {
+	if d := os.Getenv("CERT_MANAGER_CRDS"); d != "" {
+		return d
+	}
+	return Path("bin", "cert-manager-crds-"+CertManagerVersion)
+}

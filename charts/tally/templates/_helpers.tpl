@@ -1,0 +1,123 @@
+{{/* Names */}}
+{{- define "tally.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tally.webhook" -}}{{ include "tally.fullname" . }}-webhook{{- end -}}
+{{- define "tally.aggregator" -}}{{ include "tally.fullname" . }}-aggregator{{- end -}}
+{{- define "tally.tlsSecret" -}}{{ include "tally.webhook" . }}-tls{{- end -}}
+
+{{- define "tally.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "tally.selector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tally.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The config file both components read (pkg/config). */}}
+{{- define "tally.config" -}}
+parents:
+{{- range .Values.parents }}
+  - group: {{ .group | default "" | quote }}
+    version: {{ .version }}
+    kind: {{ .kind }}
+    resource: {{ .resource }}
+    {{- with .counts }}
+    counts:
+      {{- range $count, $path := . }}
+      {{ $count }}: {{ $path }}
+      {{- end }}
+    {{- end }}
+{{- end }}
+verifyOwner: {{ .Values.verifyOwner }}
+{{- end -}}
+
+{{/*
+The CEL condition under which the API server calls the webhook: the pod's
+controller ownerReference names a tracked kind, or the pod (before or after
+the request) carries tally.dev/ metadata. It must equal
+mutate.MatchExpression; test/chart checks that it does.
+*/}}
+{{- define "tally.matchExpression" -}}
+{{- $kinds := list -}}
+{{- range .Values.parents -}}
+{{- if .group -}}
+{{- $kinds = append $kinds (printf "(r.apiVersion.startsWith('%s/') && r.kind == '%s')" .group .kind) -}}
+{{- else -}}
+{{- $kinds = append $kinds (printf "(r.apiVersion == 'v1' && r.kind == '%s')" .kind) -}}
+{{- end -}}
+{{- end -}}
+{{- $keys := "(has(%[1]s.metadata.labels) && %[1]s.metadata.labels.exists(k, k.startsWith('tally.dev/'))) || (has(%[1]s.metadata.annotations) && %[1]s.metadata.annotations.exists(k, k.startsWith('tally.dev/')))" -}}
+{{- printf "(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && (%s))) || %s || (oldObject != null && (%s))" (join " || " $kinds) (printf $keys "object") (printf $keys "oldObject") -}}
+{{- end -}}
+
+{{/* RBAC rules on the parent kinds, grouped by API group. */}}
+{{- define "tally.parentRules" -}}
+{{- $groups := dict -}}
+{{- range .root.Values.parents -}}
+{{- $g := .group | default "" -}}
+{{- $_ := set $groups $g (append (get $groups $g | default list) .resource) -}}
+{{- end -}}
+{{- range $g, $resources := $groups }}
+- apiGroups: [{{ $g | quote }}]
+  resources: [{{ range $i, $r := $resources }}{{ if $i }}, {{ end }}{{ $r | quote }}{{ end }}]
+  verbs: ["get", "list", "watch"]
+{{- if $.status }}
+- apiGroups: [{{ $g | quote }}]
+  resources: [{{ range $i, $r := $resources }}{{ if $i }}, {{ end }}{{ printf "%s/status" $r | quote }}{{ end }}]
+  verbs: ["patch"]
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "tally.securityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "tally.dnsNames" -}}
+{{- $svc := include "tally.webhook" . -}}
+{{- list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) | toJson -}}
+{{- end -}}
+
+{{/*
+certificates.mode=helm: a CA and a serving certificate, generated once per
+render and reused from the existing Secret on upgrades. Returns YAML with the
+base64 fields ca, crt and key.
+*/}}
+{{- define "tally.helmCerts" -}}
+{{- if not (hasKey .Values.certificates.helm "generated") -}}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace (include "tally.tlsSecret" .) -}}
+{{- if and $secret (hasKey ($secret.data | default dict) "ca.crt") -}}
+{{- $_ := set .Values.certificates.helm "generated" (dict "ca" (index $secret.data "ca.crt") "crt" (index $secret.data "tls.crt") "key" (index $secret.data "tls.key")) -}}
+{{- else -}}
+{{- $days := int .Values.certificates.helm.validityDays -}}
+{{- $ca := genCA (printf "%s-ca" (include "tally.webhook" .)) $days -}}
+{{- $cert := genSignedCert (include "tally.webhook" .) nil (include "tally.dnsNames" . | fromJsonArray) $days $ca -}}
+{{- $_ := set .Values.certificates.helm "generated" (dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc)) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml .Values.certificates.helm.generated -}}
+{{- end -}}

@@ -1,0 +1,126 @@
+package chart
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/certs/devcert"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+var env *framework.Env
+
+func TestMain(m *testing.M) {
+	var err error
+	env, err = framework.Start(framework.Options{CRDPaths: []string{framework.CertManagerCRDs()}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	os.Exit(code)
+}
+
+// TestServerSideDryRun sends every rendered object to the API server as a
+// dry-run create: each one, Issuer and Certificate included, is validated by
+// a real API server.
+func TestServerSideDryRun(t *testing.T) {
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
+	require.NoError(t, client.IgnoreAlreadyExists(env.Client.Create(ctx, ns)))
+	for _, values := range [][]string{nil, {"helm-certs.yaml"}, {"two-parents.yaml"}} {
+		t.Run(fmt.Sprint(values), func(t *testing.T) {
+			objs := objects(t, render(t, values...))
+			require.NotEmpty(t, objs)
+			for _, obj := range objs {
+				err := env.Client.Create(ctx, obj, client.DryRunAll)
+				assert.NoError(t, err, "%s %s", obj.GetKind(), obj.GetName())
+			}
+		})
+	}
+}
+
+// TestRenderedWebhookRegistration registers the rendered
+// MutatingWebhookConfiguration, pointed at a webhook served by the test: an
+// unrelated pod is admitted without the webhook being called, a tracked pod
+// is stamped.
+func TestRenderedWebhookRegistration(t *testing.T) {
+	ctx := context.Background()
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	require.True(t, find(t, objects(t, render(t)), "MutatingWebhookConfiguration", "tally", &mwc))
+
+	ca, err := devcert.NewCA("chart test CA", time.Hour)
+	require.NoError(t, err)
+	pair, err := ca.Issue([]string{"127.0.0.1"}, time.Hour)
+	require.NoError(t, err)
+	var calls atomic.Int32
+	handler := mutate.NewHandler(mutate.NewMutator([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}}, nil), logr.Discard())
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		handler.ServeHTTP(w, r)
+	}))
+	cert, err := tls.X509KeyPair(pair.CertPEM, pair.KeyPEM)
+	require.NoError(t, err)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	srv.StartTLS()
+	defer srv.Close()
+
+	mwc.Annotations = nil
+	mwc.Webhooks[0].ClientConfig = admissionregistrationv1.WebhookClientConfig{
+		URL: ptr.To(srv.URL + mutate.Path), CABundle: ca.CertPEM,
+	}
+	require.NoError(t, env.Client.Create(ctx, &mwc))
+	defer func() { _ = env.Client.Delete(ctx, &mwc) }()
+
+	ns, err := env.Namespace(ctx, "apps")
+	require.NoError(t, err)
+	// The registration is live once a tracked pod reaches the webhook.
+	require.Eventually(t, func() bool {
+		pod := builder.Pod(ns, "probe-"+fmt.Sprint(time.Now().UnixNano())).ControlledBy(builder.WorkerPoolGVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
+		return env.Client.Create(ctx, pod) == nil && pod.Labels[keys.ParentUID] != ""
+	}, 10*time.Second, 100*time.Millisecond)
+
+	before := calls.Load()
+	plain := builder.Pod(ns, "unrelated").Label("app", "web").Build()
+	require.NoError(t, env.Client.Create(ctx, plain))
+	assert.Equal(t, before, calls.Load(), "the webhook was called for an unrelated pod")
+	assert.Equal(t, map[string]string{"app": "web"}, plain.Labels)
+
+	tracked := builder.Pod(ns, "tracked").ControlledBy(builder.WorkerPoolGVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
+	require.NoError(t, env.Client.Create(ctx, tracked))
+	assert.Greater(t, calls.Load(), before)
+	assert.Equal(t, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a", tracked.Labels[keys.ParentUID])
+	assert.Equal(t, "WorkerPool.example.tally.dev/pool", tracked.Annotations[keys.Parent])
+
+	// The release namespace is excluded even for tracked pods.
+	sys := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
+	require.NoError(t, client.IgnoreAlreadyExists(env.Client.Create(ctx, sys)))
+	inRelease := builder.Pod(namespace, "own").ControlledBy(builder.WorkerPoolGVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
+	before = calls.Load()
+	require.NoError(t, env.Client.Create(ctx, inRelease))
+	assert.Equal(t, before, calls.Load())
+	assert.NotContains(t, inRelease.Labels, keys.ParentUID)
+}

@@ -1,0 +1,225 @@
+// Package chart tests the Helm chart: lint, golden renderings, the values
+// schema, RBAC and match conditions, a server-side dry-run of every rendered
+// object against a real API server (with cert-manager's CRDs), and the
+// rendered webhook registration deciding for real which pods reach the
+// webhook.
+package chart
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/test/framework"
+)
+
+const (
+	release   = "tally"
+	namespace = "tally-system"
+)
+
+func helm(args ...string) (string, error) {
+	cmd := exec.Command(framework.Helm(), args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+func valuesFile(name string) string { return framework.Path("test", "chart", "testdata", "values", name) }
+
+// render runs helm template with the given values files.
+func render(t *testing.T, values ...string) string {
+	t.Helper()
+	args := []string{"template", release, framework.Path("charts", "tally"), "--namespace", namespace}
+	for _, v := range values {
+		args = append(args, "-f", valuesFile(v))
+	}
+	out, err := helm(args...)
+	require.NoError(t, err)
+	return out
+}
+
+// objects decodes a rendering into its objects.
+func objects(t *testing.T, manifest string) []*unstructured.Unstructured {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifest), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		err := dec.Decode(&u.Object)
+		if errors.Is(err, io.EOF) {
+			return objs
+		}
+		require.NoError(t, err)
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string, into any) bool {
+	t.Helper()
+	for _, u := range objs {
+		if u.GetKind() == kind && u.GetName() == name {
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into))
+			return true
+		}
+	}
+	return false
+}
+
+func TestLint(t *testing.T) {
+	for _, values := range [][]string{nil, {"two-parents.yaml"}, {"helm-certs.yaml"}} {
+		args := []string{"lint", "--strict", framework.Path("charts", "tally")}
+		for _, v := range values {
+			args = append(args, "-f", valuesFile(v))
+		}
+		out, err := helm(args...)
+		require.NoError(t, err, out)
+	}
+}
+
+// generated matches the certificate material Helm generates afresh on each
+// rendering (certificates.mode=helm).
+var generated = regexp.MustCompile(`(?m)^(\s*(?:ca\.crt|tls\.crt|tls\.key|caBundle):) \S+$`)
+
+// TestGolden compares renderings with testdata/*.golden; UPDATE_GOLDEN=true
+// (make golden) rewrites them.
+func TestGolden(t *testing.T) {
+	tests := map[string][]string{
+		"default":     nil,
+		"helm-certs":  {"helm-certs.yaml"},
+		"two-parents": {"two-parents.yaml"},
+	}
+	for name, values := range tests {
+		t.Run(name, func(t *testing.T) {
+			got := generated.ReplaceAllString(render(t, values...), "$1 <generated>")
+			path := framework.Path("test", "chart", "testdata", name+".golden")
+			if os.Getenv("UPDATE_GOLDEN") == "true" {
+				require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+			}
+			want, err := os.ReadFile(path)
+			require.NoError(t, err, "run `make golden` to create it")
+			assert.Equal(t, string(want), got, "rendering differs from %s; run `make golden` if the change is intended", filepath.Base(path))
+		})
+	}
+}
+
+func TestSchemaRejectsBadValues(t *testing.T) {
+	tests := map[string]string{
+		"bad-unknown-count.yaml":              "at '/parents/0/counts': additional properties 'finished' not allowed",
+		"bad-path.yaml":                       "at '/parents/0/counts/completing': 'spec.completing' does not match pattern",
+		"bad-failure-policy.yaml":             "at '/webhook/failurePolicy': value must be one of 'Fail', 'Ignore'",
+		"bad-typo.yaml":                       "additional properties 'webhok' not allowed",
+		"bad-no-resource.yaml":                "at '/parents/0': missing property 'resource'",
+		"bad-timeout.yaml":                    "at '/webhook/timeoutSeconds': maximum: got 60, want 30",
+		"bad-replicas-without-election.yaml": "at '/aggregator/replicas': value must be 1",
+	}
+	for file, want := range tests {
+		t.Run(file, func(t *testing.T) {
+			_, err := helm("template", release, framework.Path("charts", "tally"), "-f", valuesFile(file))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), want)
+		})
+	}
+}
+
+func TestAggregatorRBAC(t *testing.T) {
+	objs := objects(t, render(t, "two-parents.yaml"))
+	var role rbacv1.ClusterRole
+	require.True(t, find(t, objs, "ClusterRole", "tally-aggregator", &role))
+	assert.ElementsMatch(t, []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"batch.example.com"}, Resources: []string{"batchruns"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"batch.example.com"}, Resources: []string{"batchruns/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{"example.tally.dev"}, Resources: []string{"workerpools"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"example.tally.dev"}, Resources: []string{"workerpools/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+	}, role.Rules)
+
+	var lease rbacv1.Role
+	require.True(t, find(t, objs, "Role", "tally-aggregator-leader-election", &lease))
+	assert.Equal(t, namespace, lease.Namespace)
+	for _, r := range lease.Rules {
+		assert.Equal(t, []string{"leases"}, r.Resources)
+	}
+
+	// verifyOwner grants the webhook read access to the parent kinds, and
+	// nothing else.
+	var webhookRole rbacv1.ClusterRole
+	require.True(t, find(t, objs, "ClusterRole", "tally-webhook", &webhookRole))
+	for _, r := range webhookRole.Rules {
+		assert.Equal(t, []string{"get", "list", "watch"}, r.Verbs)
+		assert.NotContains(t, r.Resources, "pods")
+	}
+	// Without verifyOwner the webhook has no role at all.
+	assert.False(t, find(t, objects(t, render(t)), "ClusterRole", "tally-webhook", &webhookRole))
+}
+
+// TestMatchConditions: the chart renders the same CEL condition as
+// mutate.MatchExpression for the configured parents.
+func TestMatchConditions(t *testing.T) {
+	for _, values := range [][]string{nil, {"two-parents.yaml"}} {
+		objs := objects(t, render(t, values...))
+		var cm struct {
+			Data map[string]string `json:"data"`
+		}
+		for _, u := range objs {
+			if u.GetKind() == "ConfigMap" {
+				require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &cm))
+			}
+		}
+		cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
+		require.NoError(t, err, "the rendered config file must load: %s", cm.Data["config.yaml"])
+
+		var mwc admissionregistrationv1.MutatingWebhookConfiguration
+		require.True(t, find(t, objs, "MutatingWebhookConfiguration", "tally", &mwc))
+		require.Len(t, mwc.Webhooks, 1)
+		require.Len(t, mwc.Webhooks[0].MatchConditions, 1)
+		assert.Equal(t, mutate.MatchConditionName, mwc.Webhooks[0].MatchConditions[0].Name)
+		assert.Equal(t, mutate.MatchExpression(cfg.Parents), mwc.Webhooks[0].MatchConditions[0].Expression)
+		assert.Equal(t, mutate.Path, *mwc.Webhooks[0].ClientConfig.Service.Path)
+	}
+}
+
+// TestRenderedConfigLoads: the ConfigMap holds what the parents values say.
+func TestRenderedConfigLoads(t *testing.T) {
+	objs := objects(t, render(t, "two-parents.yaml"))
+	for _, u := range objs {
+		if u.GetKind() != "ConfigMap" {
+			continue
+		}
+		data, _, _ := unstructured.NestedString(u.Object, "data", "config.yaml")
+		cfg, err := config.Parse([]byte(data))
+		require.NoError(t, err)
+		assert.True(t, cfg.VerifyOwner)
+		require.Len(t, cfg.Parents, 2)
+		assert.Equal(t, "status.unexpected", cfg.Parents[0].Counts[config.Unexpected])
+		assert.Equal(t, map[config.Count]string{config.Completing: "status.completing"}, cfg.Parents[1].Counts)
+		out, err := yaml.Marshal(cfg)
+		require.NoError(t, err)
+		t.Logf("rendered config:\n%s", out)
+	}
+}
