@@ -46,7 +46,9 @@ func helm(args ...string) (string, error) {
 	return stdout.String(), nil
 }
 
-func valuesFile(name string) string { return framework.Path("test", "chart", "testdata", "values", name) }
+func valuesFile(name string) string {
+	return framework.Path("test", "chart", "testdata", "values", name)
+}
 
 // render runs helm template with the given values files.
 func render(t *testing.T, values ...string) string {
@@ -128,12 +130,12 @@ func TestGolden(t *testing.T) {
 
 func TestSchemaRejectsBadValues(t *testing.T) {
 	tests := map[string]string{
-		"bad-unknown-count.yaml":              "at '/parents/0/counts': additional properties 'finished' not allowed",
-		"bad-path.yaml":                       "at '/parents/0/counts/completing': 'spec.completing' does not match pattern",
-		"bad-failure-policy.yaml":             "at '/webhook/failurePolicy': value must be one of 'Fail', 'Ignore'",
-		"bad-typo.yaml":                       "additional properties 'webhok' not allowed",
-		"bad-no-resource.yaml":                "at '/parents/0': missing property 'resource'",
-		"bad-timeout.yaml":                    "at '/webhook/timeoutSeconds': maximum: got 60, want 30",
+		"bad-unknown-count.yaml":             "at '/parents/0/counts': additional properties 'finished' not allowed",
+		"bad-path.yaml":                      "at '/parents/0/counts/completing': 'spec.completing' does not match pattern",
+		"bad-failure-policy.yaml":            "at '/webhook/failurePolicy': value must be one of 'Fail', 'Ignore'",
+		"bad-typo.yaml":                      "additional properties 'webhok' not allowed",
+		"bad-no-resource.yaml":               "at '/parents/0': missing property 'resource'",
+		"bad-timeout.yaml":                   "at '/webhook/timeoutSeconds': maximum: got 60, want 30",
 		"bad-replicas-without-election.yaml": "at '/aggregator/replicas': value must be 1",
 	}
 	for file, want := range tests {
