@@ -73,7 +73,7 @@ $(CERT_MANAGER_CRDS):
 
 .PHONY: golden
 golden: $(HELM) ## Regenerate the chart's golden files under test/chart/testdata.
-	UPDATE_GOLDEN=true go test ./test/chart -run TestGolden -count=1
+	UPDATE_GOLDEN=true go test ./test/chart -run "TestGolden|TestCertManagerManifests" -count=1
 
 .PHONY: test
 test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) ## Run unit tests, fuzz seed corpora, envtest suites and chart tests, with -race.

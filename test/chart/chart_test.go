@@ -225,3 +225,20 @@ func TestRenderedConfigLoads(t *testing.T) {
 		t.Logf("rendered config:\n%s", out)
 	}
 }
+
+// TestCertManagerManifests: certs/cert-manager.yaml, for installs without
+// Helm, is the chart's own rendering of its certificates for the release
+// "tally" in tally-system; `make golden` regenerates it.
+func TestCertManagerManifests(t *testing.T) {
+	got, err := helm("template", release, framework.Path("charts", "tally"), "--namespace", namespace, "--show-only", "templates/certificates.yaml")
+	require.NoError(t, err)
+	got = "# cert-manager resources for the tally webhook (release \"tally\", namespace \"tally-system\"),\n" +
+		"# for installs without Helm. Generated from charts/tally by `make golden`; do not edit.\n" + got
+	path := framework.Path("certs", "cert-manager.yaml")
+	if os.Getenv("UPDATE_GOLDEN") == "true" {
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, string(want), got, "certs/cert-manager.yaml is stale; run `make golden`")
+}
