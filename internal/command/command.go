@@ -4,14 +4,18 @@
 package command
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
+	"sync/atomic"
 
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"tally.dev/tally/pkg/config"
 )
@@ -72,4 +76,25 @@ func Main(name string, run func() error) {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
 	}
+}
+
+// AddReadyWhenCachesSynced makes mgr's /readyz report not ready until the
+// manager's caches have synced.
+func AddReadyWhenCachesSynced(mgr manager.Manager) error {
+	var synced atomic.Bool
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		if mgr.GetCache().WaitForCacheSync(ctx) {
+			synced.Store(true)
+			mgr.GetLogger().Info("Caches synced")
+		}
+		return nil
+	})); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("caches", func(*http.Request) error {
+		if !synced.Load() {
+			return errors.New("caches not synced")
+		}
+		return nil
+	})
 }

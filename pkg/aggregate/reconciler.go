@@ -121,6 +121,8 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 	switch {
 	case err == nil:
 		applies.WithLabelValues(r.kind).Inc()
+		// The schema declares every mapped field (again).
+		kindProblems.DeleteLabelValues(r.kind, "field-not-in-schema")
 		log.FromContext(ctx).V(1).Info("Applied counts", values...)
 		return nil
 	case apierrors.IsNotFound(err), apierrors.IsConflict(err) && strings.Contains(err.Error(), "UID"):

@@ -5,7 +5,6 @@ package aggregator
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -43,17 +42,7 @@ var workerPools = config.Parent{Group: "example.tally.dev", Version: "v1", Kind:
 
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
-	var err error
-	env, err = framework.Start(framework.Options{CRDPaths: []string{framework.Path("test", "testdata", "crds")}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
+	os.Exit(framework.Main(m, framework.Options{CRDPaths: []string{framework.Path("test", "testdata", "crds")}}, &env))
 }
 
 // aggregator is one running aggregator process.

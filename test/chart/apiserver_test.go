@@ -31,17 +31,7 @@ import (
 var env *framework.Env
 
 func TestMain(m *testing.M) {
-	var err error
-	env, err = framework.Start(framework.Options{CRDPaths: []string{framework.CertManagerCRDs()}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
+	os.Exit(framework.Main(m, framework.Options{CRDPaths: []string{framework.CertManagerCRDs()}}, &env))
 }
 
 // TestServerSideDryRun sends every rendered object to the API server as a

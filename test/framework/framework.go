@@ -113,3 +113,19 @@ func CertManagerCRDs() string {
 	}
 	return Path("bin", "cert-manager-crds-"+CertManagerVersion)
 }
+
+// Main is a test package's TestMain body: it starts one control plane for
+// the package, stores it in *env, runs the tests and stops it. It returns
+// the exit code.
+func Main(m interface{ Run() int }, opts Options, env **Env) int {
+	var err error
+	if *env, err = Start(opts); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	if err := (*env).Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	return code
+}

@@ -4,7 +4,6 @@ package smoke
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 
@@ -20,17 +19,7 @@ import (
 var env *framework.Env
 
 func TestMain(m *testing.M) {
-	var err error
-	env, err = framework.Start(framework.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
+	os.Exit(framework.Main(m, framework.Options{}, &env))
 }
 
 func TestStatusApplyRecordsFieldManager(t *testing.T) {

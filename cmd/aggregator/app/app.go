@@ -6,10 +6,7 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
-	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -18,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
 )
@@ -67,25 +65,10 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		return err
 	}
 
-	var synced atomic.Bool
-	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		if mgr.GetCache().WaitForCacheSync(ctx) {
-			synced.Store(true)
-			log.Info("Caches synced")
-		}
-		return nil
-	})); err != nil {
+	if err := command.AddReadyWhenCachesSynced(mgr); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("caches", func(*http.Request) error {
-		if !synced.Load() {
-			return errors.New("caches not synced")
-		}
-		return nil
-	}); err != nil {
 		return err
 	}
 	start := time.Now()

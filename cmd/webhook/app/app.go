@@ -7,10 +7,7 @@ package app
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"net/http"
-	"sync/atomic"
 
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,6 +16,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/mutate"
 )
@@ -62,7 +60,6 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 
 	var checker mutate.OwnerChecker
-	ownersSynced := atomic.Bool{}
 	if cfg.VerifyOwner {
 		for _, p := range cfg.Parents {
 			if _, err := mgr.GetCache().GetInformer(ctx, mutate.PartialMetadata(p.GroupVersionKind())); err != nil {
@@ -70,19 +67,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 			}
 		}
 		checker = mutate.NewReaderOwnerChecker(cfg.Parents, mgr.GetCache(), mgr.GetAPIReader())
-		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			if mgr.GetCache().WaitForCacheSync(ctx) {
-				ownersSynced.Store(true)
-				log.Info("Owner cache synced")
-			}
-			return nil
-		})); err != nil {
-			return err
-		}
-	} else {
-		ownersSynced.Store(true)
 	}
-
 	mgr.GetWebhookServer().Register(mutate.Path, mutate.NewHandler(mutate.NewMutator(cfg.Parents, checker), log))
 
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -91,12 +76,8 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if err := mgr.AddReadyzCheck("webhook-server", server.StartedChecker()); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("owner-cache", func(*http.Request) error {
-		if !ownersSynced.Load() {
-			return errors.New("owner cache not synced")
-		}
-		return nil
-	}); err != nil {
+	// With verifyOwner, the owner cache; otherwise there is none to wait for.
+	if err := command.AddReadyWhenCachesSynced(mgr); err != nil {
 		return err
 	}
 	log.Info("Starting webhook", "path", mutate.Path, "port", opts.Port, "certDir", opts.CertDir, "verifyOwner", cfg.VerifyOwner, "parents", len(cfg.Parents))

@@ -1,0 +1,342 @@
+// Command bench measures the aggregator against a real API server (envtest):
+// 200 parents with 50 pods each, a burst of 5,000 pod changes (time to
+// convergence, applies sent per change), then a steady 200 changes/s (p50
+// and p99 latency from a pod change to the parent's status showing it). The
+// baseline, measured in the same run, is the latency with which the API
+// server delivers the pod change itself to a watcher. Run by `make bench`.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+const ns = "bench"
+
+func main() {
+	parents := flag.Int("parents", 200, "parents")
+	podsPer := flag.Int("pods", 50, "pods per parent")
+	burst := flag.Int("burst", 5000, "pod changes in the burst")
+	rate := flag.Int("rate", 200, "pod changes per second in the steady phase")
+	steady := flag.Duration("steady", 20*time.Second, "length of the steady phase")
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	if err := run(*parents, *podsPer, *burst, *rate, *steady); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type parent struct {
+	name string
+	uid  types.UID
+	pods []*corev1.Pod
+}
+
+func run(nParents, podsPer, burst, rate int, steady time.Duration) error {
+	ctx := context.Background()
+	env, err := framework.Start(framework.Options{})
+	if err != nil {
+		return err
+	}
+	defer env.Stop()
+	c := env.Client
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return err
+	}
+
+	start := time.Now()
+	parents := make([]*parent, nParents)
+	var creates []func() error
+	for i := range parents {
+		p := &parent{name: fmt.Sprintf("pool-%03d", i)}
+		pool := builder.WorkerPool(ns, p.name, int64(podsPer))
+		if err := c.Create(ctx, pool); err != nil {
+			return err
+		}
+		p.uid = pool.GetUID()
+		for j := range podsPer {
+			pod := builder.Pod(ns, fmt.Sprintf("%s-%02d", p.name, j)).ControlledBy(builder.WorkerPoolGVK, p.name, p.uid).Label(keys.ParentUID, string(p.uid)).Build()
+			p.pods = append(p.pods, pod)
+			creates = append(creates, func() error { return c.Create(ctx, pod) })
+		}
+		parents[i] = p
+	}
+	if err := parallel(16, creates); err != nil {
+		return err
+	}
+	fmt.Printf("created %d parents with %d pods each in %s\n", nParents, podsPer, time.Since(start).Round(time.Millisecond))
+
+	aggCtx, stopAgg := context.WithCancel(ctx)
+	aggDone := make(chan error, 1)
+	go func() {
+		aggDone <- app.Run(aggCtx, &config.Config{Parents: []config.Parent{{
+			Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool",
+			Counts: map[config.Count]string{config.Completing: "status.completing", config.Active: "status.active", config.Completed: "status.completed"},
+		}}}, env.Config, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4})
+	}()
+	defer func() { stopAgg(); <-aggDone }()
+
+	start = time.Now()
+	if err := waitAll(ctx, c, parents, func(u *unstructured.Unstructured) bool { return field(u, "active") == int64(podsPer) }); err != nil {
+		return err
+	}
+	fmt.Printf("initial convergence of %d parents: %s\n", nParents, time.Since(start).Round(time.Millisecond))
+
+	// Burst: mark burst/nParents pods of every parent.
+	perParent := burst / nParents
+	var marks []func() error
+	for k := range perParent {
+		for _, p := range parents {
+			pod := p.pods[k]
+			marks = append(marks, func() error { return mark(ctx, c, pod) })
+		}
+	}
+	applied0 := applies()
+	start = time.Now()
+	if err := parallel(16, marks); err != nil {
+		return err
+	}
+	sent := time.Since(start)
+	if err := waitAll(ctx, c, parents, func(u *unstructured.Unstructured) bool { return field(u, "completing") == int64(perParent) }); err != nil {
+		return err
+	}
+	converged := time.Since(start)
+	appliesSent := applies() - applied0
+	fmt.Printf("burst of %d pod changes: sent in %s, converged %s after the first change (%s after the last)\n",
+		len(marks), sent.Round(time.Millisecond), converged.Round(time.Millisecond), (converged - sent).Round(time.Millisecond))
+	fmt.Printf("applies sent: %.0f, %.3f per pod change (baseline, a counter written per change: 1.000)\n",
+		appliesSent, appliesSent/float64(len(marks)))
+
+	// Steady: rate changes/s round-robin over the parents; each change moves
+	// one marked pod to Succeeded, so status.completed grows by one.
+	lat, base, err := steadyPhase(ctx, env, parents, perParent, rate, steady)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("steady %d changes/s for %s: %d changes\n", rate, steady, len(lat))
+	fmt.Printf("  change -> parent status shows it (tally): p50 %s  p99 %s\n", pct(lat, 50), pct(lat, 99))
+	fmt.Printf("  change -> pod watch delivers it (baseline): p50 %s  p99 %s\n", pct(base, 50), pct(base, 99))
+	fmt.Printf("  ratio tally/baseline: p50 %.1fx  p99 %.1fx\n",
+		float64(pct(lat, 50))/float64(pct(base, 50)), float64(pct(lat, 99))/float64(pct(base, 99)))
+	return nil
+}
+
+func steadyPhase(ctx context.Context, env *framework.Env, parents []*parent, marked, rate int, d time.Duration) (tally, base []time.Duration, err error) {
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		return nil, nil, err
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		return nil, nil, err
+	}
+	poolWatch, err := dyn.Resource(schema.GroupVersionResource{Group: "example.tally.dev", Version: "v1", Resource: "workerpools"}).Namespace(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer poolWatch.Stop()
+	podWatch, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer podWatch.Stop()
+
+	type pending struct {
+		want int64
+		at   time.Time
+	}
+	var mu sync.Mutex
+	waiting := map[string][]pending{} // parent -> changes not yet shown
+	podSent := map[string]time.Time{} // pod -> when its change was sent
+	var done sync.WaitGroup
+	done.Go(func() {
+		for ev := range poolWatch.ResultChan() {
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			if !ok || ev.Type != watch.Modified {
+				continue
+			}
+			now, v := time.Now(), field(u, "completed")
+			mu.Lock()
+			q := waiting[u.GetName()]
+			for len(q) > 0 && q[0].want <= v {
+				tally = append(tally, now.Sub(q[0].at))
+				q = q[1:]
+			}
+			waiting[u.GetName()] = q
+			mu.Unlock()
+		}
+	})
+	done.Go(func() {
+		for ev := range podWatch.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok || p.Status.Phase != corev1.PodSucceeded {
+				continue
+			}
+			now := time.Now()
+			mu.Lock()
+			if at, ok := podSent[p.Name]; ok {
+				base = append(base, now.Sub(at))
+				delete(podSent, p.Name)
+			}
+			mu.Unlock()
+		}
+	})
+
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	end := time.Now().Add(d)
+	next := 0
+	sem := make(chan struct{}, 32)
+	var inflight sync.WaitGroup
+	var sendErr error
+	for n := 0; time.Now().Before(end) && n < len(parents)*marked; n++ {
+		<-tick.C
+		p := parents[next%len(parents)]
+		k := next / len(parents)
+		next++
+		pod := p.pods[k].DeepCopy()
+		sem <- struct{}{}
+		inflight.Go(func() {
+			defer func() { <-sem }()
+			at := time.Now()
+			mu.Lock()
+			waiting[p.name] = append(waiting[p.name], pending{want: int64(k + 1), at: at})
+			podSent[pod.Name] = at
+			mu.Unlock()
+			patch := client.MergeFrom(pod.DeepCopy())
+			pod.Status.Phase = corev1.PodSucceeded
+			if err := env.Client.Status().Patch(ctx, pod, patch); err != nil {
+				mu.Lock()
+				sendErr = err
+				mu.Unlock()
+			}
+		})
+	}
+	inflight.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		left := 0
+		for _, q := range waiting {
+			left += len(q)
+		}
+		mu.Unlock()
+		if left == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	poolWatch.Stop()
+	podWatch.Stop()
+	done.Wait()
+	return tally, base, sendErr
+}
+
+func mark(ctx context.Context, c client.Client, pod *corev1.Pod) error {
+	p := pod.DeepCopy()
+	patch := client.MergeFrom(p.DeepCopy())
+	p.Annotations = map[string]string{keys.CompletionIntent: "scale-down"}
+	return c.Patch(ctx, p, patch)
+}
+
+func field(u *unstructured.Unstructured, name string) int64 {
+	v, _, _ := unstructured.NestedInt64(u.Object, "status", name)
+	return v
+}
+
+func waitAll(ctx context.Context, c client.Client, parents []*parent, ok func(*unstructured.Unstructured) bool) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(builder.WorkerPoolGVK.GroupVersion().WithKind("WorkerPoolList"))
+		if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		good := 0
+		for i := range list.Items {
+			if ok(&list.Items[i]) {
+				good++
+			}
+		}
+		if good == len(parents) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("parents did not converge within 5 minutes")
+}
+
+func parallel(workers int, jobs []func() error) error {
+	ch := make(chan func() error)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for range workers {
+		wg.Go(func() {
+			for job := range ch {
+				if err := job(); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, j := range jobs {
+		ch <- j
+	}
+	close(ch)
+	wg.Wait()
+	return first
+}
+
+func applies() float64 {
+	families, _ := ctrlmetrics.Registry.Gather()
+	for _, f := range families {
+		if f.GetName() == "tally_aggregator_applies_total" {
+			total := 0.0
+			for _, m := range f.GetMetric() {
+				total += m.GetCounter().GetValue()
+			}
+			return total
+		}
+	}
+	return 0
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[(len(s)-1)*p/100].Round(100 * time.Microsecond)
+}
