@@ -8,9 +8,11 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/go-logr/logr"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"tally.dev/tally/pkg/keys"
@@ -25,6 +27,11 @@ import (
 //   - BenchmarkFloor: controller-runtime decoding the AdmissionReview and
 //     answering allowed with no patch.
 // docs/benchmarks.md records their ratios.
+
+func init() {
+	// controller-runtime's admission.Webhook, used by the baselines, logs.
+	logf.SetLogger(logr.Discard())
+}
 
 func benchRequests(b *testing.B) map[string][]byte {
 	intent := stamped().Build()
