@@ -88,8 +88,8 @@ demo: build envtest-assets ## Run tally on a local control plane and drive the s
 .PHONY: fuzz
 fuzz: ## Fuzz the webhook's request path for FUZZ_TIME (default 30s) per target.
 	@echo ">> fuzzing pkg/mutate for $(FUZZ_TIME) per target"
-	go test ./pkg/mutate -run '^$$' -fuzz '^FuzzHandler$$' -fuzztime $(FUZZ_TIME)
-	go test ./pkg/mutate -run '^$$' -fuzz '^FuzzAppendString$$' -fuzztime $(FUZZ_TIME)
+	go test ./pkg/mutate -run '^$$' -fuzz '^FuzzHandler$$' -fuzztime $(FUZZ_TIME) -fuzzminimizetime 1s
+	go test ./pkg/mutate -run '^$$' -fuzz '^FuzzAppendString$$' -fuzztime $(FUZZ_TIME) -fuzzminimizetime 1s
 
 .PHONY: bench
 bench: envtest-assets ## Run the benchmarks and the aggregator bench program (figures in docs/benchmarks.md).

@@ -90,7 +90,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	var rev review
 	resp, op := h.answer(r, buf, &rev)
-	admissions.WithLabelValues(op, resp.result).Inc()
+	admissions.WithLabelValues(operationLabel(op), resp.result).Inc()
 
 	buf.Reset()
 	out := admissionv1.AdmissionReview{
@@ -106,6 +106,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if _, err := w.Write(buf.Bytes()); err != nil {
 		h.log.V(1).Info("Writing AdmissionReview response failed", "error", err.Error())
 	}
+}
+
+// operationLabel bounds the metric's operation label to the operations the
+// API server sends.
+func operationLabel(op string) string {
+	switch op {
+	case "CREATE", "UPDATE", "DELETE", "CONNECT":
+		return op
+	}
+	return "unknown"
 }
 
 type response struct {

@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -301,4 +303,40 @@ func gauge(t *testing.T, name string, values ...string) float64 {
 		return m.GetGauge().GetValue()
 	}
 	return 0
+}
+
+// TestLeaderElectionFailover runs two replicas with leader election: the
+// standby takes over when the leader stops, and keeps the counts true.
+func TestLeaderElectionFailover(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	leaseNS := newNamespace(t)
+	elect := func(o *app.Options) { o.LeaderElect, o.LeaderElectionNamespace = true, leaseNS }
+	holder := func() string {
+		var lease coordinationv1.Lease
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: leaseNS, Name: app.LeaderElectionID}, &lease); err != nil {
+			return ""
+		}
+		return ptr.Deref(lease.Spec.HolderIdentity, "")
+	}
+
+	uid := createParent(t, builder.WorkerPoolGVK, ns, "pool")
+	pods := mixedPods(builder.WorkerPoolGVK, ns, "pool", uid, 12)
+	createAll(t, pods)
+	leader := startAggregator(t, []config.Parent{workerPools}, nil, elect)
+	converges(t, ns, "pool", uid)
+	first := holder()
+	require.NotEmpty(t, first, "the first replica holds no lease")
+
+	startAggregator(t, []config.Parent{workerPools}, nil, elect)
+	leader.stop()
+	require.True(t, waitFor(30*time.Second, func() bool { h := holder(); return h != "" && h != first }),
+		"the standby never took the lease over")
+
+	for _, p := range pods[:4] {
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Annotations = map[string]string{keys.CompletionIntent: "scale-down"}
+		require.NoError(t, env.Client.Patch(ctx, p, patch))
+	}
+	converges(t, ns, "pool", uid)
 }

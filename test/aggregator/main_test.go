@@ -52,16 +52,21 @@ type aggregator struct {
 }
 
 // startAggregator runs the aggregator as cmd/aggregator does, with restCfg
-// (env.Config when nil), until the test ends or stop is called.
-func startAggregator(t *testing.T, parents []config.Parent, restCfg *rest.Config) *aggregator {
+// (env.Config when nil), until the test ends or stop is called. with
+// changes the options.
+func startAggregator(t *testing.T, parents []config.Parent, restCfg *rest.Config, with ...func(*app.Options)) *aggregator {
 	t.Helper()
 	if restCfg == nil {
 		restCfg = env.Config
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &aggregator{cancel: cancel, done: make(chan error, 1)}
+	opts := app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4}
+	for _, w := range with {
+		w(&opts)
+	}
 	go func() {
-		a.done <- app.Run(ctx, &config.Config{Parents: parents}, restCfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4})
+		a.done <- app.Run(ctx, &config.Config{Parents: parents}, restCfg, opts)
 	}()
 	t.Cleanup(a.stop)
 	return a
