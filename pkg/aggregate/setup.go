@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -96,6 +97,9 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 				// given twice); the process-wide check would only refuse a
 				// second manager in the same process, as tests start.
 				SkipNameValidation: ptr.To(true),
+				// A first list of many pods can take longer than the
+				// default two minutes; no status is written before it ends.
+				CacheSyncTimeout: 10 * time.Minute,
 			}).
 			Complete(r)
 		if err != nil {

@@ -5,6 +5,10 @@
 package keys
 
 const (
+	// Prefix starts every key tally owns. A pod carrying any key with it is
+	// one the webhook must see.
+	Prefix = "tally.dev/"
+
 	// ParentUID is the label that carries the UID of the pod's controller
 	// owner, when that owner is of a tracked parent kind. The webhook writes
 	// it; the aggregator's pod watch selects on it and indexes by it.

@@ -163,12 +163,12 @@ func trackedOwner(pod *PodMeta, tracked map[schema.GroupKind]bool) (Owner, bool)
 
 func carriesTallyKeys(pod *PodMeta) bool {
 	for k := range pod.Labels {
-		if strings.HasPrefix(k, "tally.dev/") {
+		if strings.HasPrefix(k, keys.Prefix) {
 			return true
 		}
 	}
 	for k := range pod.Annotations {
-		if strings.HasPrefix(k, "tally.dev/") {
+		if strings.HasPrefix(k, keys.Prefix) {
 			return true
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
 )
 
 // MatchConditionName names the CEL condition under which the API server
@@ -30,8 +31,8 @@ func MatchExpression(parents []config.Parent) string {
 		}
 	}
 	tallyKeys := func(obj string) string {
-		return fmt.Sprintf("(has(%[1]s.metadata.labels) && %[1]s.metadata.labels.exists(k, k.startsWith('tally.dev/'))) || "+
-			"(has(%[1]s.metadata.annotations) && %[1]s.metadata.annotations.exists(k, k.startsWith('tally.dev/')))", obj)
+		return fmt.Sprintf("(has(%[1]s.metadata.labels) && %[1]s.metadata.labels.exists(k, k.startsWith('%[2]s'))) || "+
+			"(has(%[1]s.metadata.annotations) && %[1]s.metadata.annotations.exists(k, k.startsWith('%[2]s')))", obj, keys.Prefix)
 	}
 	return fmt.Sprintf("(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && (%s))) || %s || (oldObject != null && (%s))",
 		strings.Join(kinds, " || "), tallyKeys("object"), tallyKeys("oldObject"))
