@@ -197,18 +197,28 @@ func TestRestartConvergesAndIdleReconcileSendsNothing(t *testing.T) {
 
 	first := startAggregator(t, []config.Parent{workerPools}, nil)
 	converges(t, ns, "pool", uid)
-	mark := func(from, to int) {
-		for _, p := range pods[from:to] {
+
+	// Churn: mark 20 pods and delete 5 others, while the aggregator stops
+	// half-way through.
+	churnErrs := make(chan error, 25)
+	var churning sync.WaitGroup
+	churning.Go(func() {
+		for _, p := range pods[:20] {
 			patch := client.MergeFrom(p.DeepCopy())
 			p.Annotations = map[string]string{keys.CompletionIntent: "scale-down"}
-			require.NoError(t, env.Client.Patch(ctx, p, patch))
+			churnErrs <- env.Client.Patch(ctx, p, patch)
+			time.Sleep(20 * time.Millisecond)
 		}
-	}
-	mark(0, 10)
+		for _, p := range pods[20:25] {
+			churnErrs <- env.Client.Delete(ctx, p)
+		}
+	})
+	time.Sleep(200 * time.Millisecond)
 	first.stop()
-	mark(10, 20)
-	for _, p := range pods[20:25] {
-		require.NoError(t, env.Client.Delete(ctx, p))
+	churning.Wait()
+	close(churnErrs)
+	for err := range churnErrs {
+		require.NoError(t, err)
 	}
 
 	cfg, requests := counting()
