@@ -5,6 +5,7 @@ package aggregator
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -40,9 +41,17 @@ var allCounts = map[config.Count]string{
 
 var workerPools = config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: allCounts}
 
+// TestMain fails the suite when the aggregator logged a write conflict: it
+// owns its fields through server-side apply and must never meet one.
 func TestMain(m *testing.M) {
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
-	os.Exit(framework.Main(m, framework.Options{CRDPaths: []string{framework.Path("test", "testdata", "crds")}}, &env))
+	conflicts := framework.NewConflictLog(zap.New(zap.WriteTo(os.Stderr)))
+	ctrl.SetLogger(conflicts.Logger())
+	code := framework.Main(m, framework.Options{CRDPaths: []string{framework.Path("test", "testdata", "crds")}}, &env)
+	if c := conflicts.Conflicts(); len(c) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: the aggregator logged %d write conflicts:\n%s\n", len(c), strings.Join(c, "\n"))
+		code = 1
+	}
+	os.Exit(code)
 }
 
 // aggregator is one running aggregator process.
