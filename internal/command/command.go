@@ -72,7 +72,6 @@ func Main(name string, run func() error) {
 		os.Exit(2)
 	}
 	if err := run(); err != nil {
-		ctrl.Log.WithName(name).Error(err, "Exiting")
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
 	}
