@@ -410,7 +410,9 @@ func (d *Demo) Run(ctx context.Context) error {
 
 func (d *Demo) scenario(ctx context.Context) error {
 	dur := d.opts.Duration
-	at := func(frac float64) <-chan time.Time { return time.After(time.Duration(frac * float64(dur))) }
+	at := func(frac float64, plus time.Duration) <-chan time.Time {
+		return time.After(time.Duration(frac*float64(dur)) + plus)
+	}
 	d.say("creating WorkerPool %s/%s with 20 replicas", Namespace, Pool)
 	if err := d.client.Create(ctx, builder.WorkerPool(Namespace, Pool, 20)); err != nil {
 		return err
@@ -420,9 +422,12 @@ func (d *Demo) scenario(ctx context.Context) error {
 		what string
 		do   func() error
 	}{
-		{at(0.25), "the timer scales down to 8: the operator marks 12 pods scale-down", func() error { return d.SetReplicas(ctx, 8) }},
-		{at(0.45), "scale-up to 12 in the middle of the scale-down", func() error { return d.SetReplicas(ctx, 12) }},
-		{at(1), "scenario over: no more disruptions; waiting for quiescence", func() error { return nil }},
+		{at(0.25, 0), "the timer scales down to 8: the operator marks 12 pods scale-down", func() error { return d.SetReplicas(ctx, 8) }},
+		// Marked pods take 0.5 to 3 s to exit: scale up while they do.
+		{at(0.25, 1200*time.Millisecond), "scale-up to 12 in the middle of the scale-down", func() error { return d.SetReplicas(ctx, 12) }},
+		{at(0.6, 0), "the timer scales down to 6", func() error { return d.SetReplicas(ctx, 6) }},
+		{at(0.8, 0), "scale-up to 10", func() error { return d.SetReplicas(ctx, 10) }},
+		{at(1, 0), "scenario over: no more disruptions; waiting for quiescence", func() error { return nil }},
 	}
 	disrupt := time.NewTicker(dur / 12)
 	defer disrupt.Stop()
