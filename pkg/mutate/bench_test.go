@@ -138,15 +138,13 @@ func applyToPod(p *corev1.Pod, ops []PatchOp) {
 		if *m == nil {
 			*m = map[string]string{}
 		}
-		switch v := op.Value.(type) {
-		case string:
-			(*m)[key] = v
-		case map[string]string:
-			for k, val := range v {
-				(*m)[k] = val
-			}
-		default:
+		switch {
+		case op.Op == "remove":
 			delete(*m, key)
+		case op.MapKey != "":
+			(*m)[op.MapKey] = op.Value
+		default:
+			(*m)[key] = op.Value
 		}
 	}
 }

@@ -2,7 +2,6 @@ package mutate
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	jsonv2 "github.com/go-json-experiment/json"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
-	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -92,21 +90,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	resp, op := h.answer(r, buf, &rev)
 	admissions.WithLabelValues(operationLabel(op), resp.result).Inc()
 
+	// The body is decoded: its buffer holds the answer.
 	buf.Reset()
-	out := admissionv1.AdmissionReview{
-		TypeMeta: metav1.TypeMeta{APIVersion: admissionv1.SchemeGroupVersion.String(), Kind: "AdmissionReview"},
-		Response: &resp.AdmissionResponse,
-	}
-	if err := json.NewEncoder(buf).Encode(&out); err != nil {
-		h.log.Error(err, "Encoding AdmissionReview response")
-		http.Error(w, "encoding AdmissionReview response", http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if _, err := w.Write(buf.Bytes()); err != nil {
+	out := appendReview(buf.AvailableBuffer(), &resp)
+	w.Header()["Content-Type"] = jsonContentType
+	if _, err := w.Write(out); err != nil {
 		h.log.V(1).Info("Writing AdmissionReview response failed", "error", err.Error())
 	}
 }
+
+var jsonContentType = []string{"application/json"}
 
 // operationLabel bounds the metric's operation label to the operations the
 // API server sends.
@@ -116,20 +109,6 @@ func operationLabel(op string) string {
 		return op
 	}
 	return "unknown"
-}
-
-type response struct {
-	admissionv1.AdmissionResponse
-	result string
-}
-
-func errored(uid types.UID, err error) response {
-	return response{
-		AdmissionResponse: admissionv1.AdmissionResponse{UID: uid, Result: &metav1.Status{
-			Status: metav1.StatusFailure, Code: http.StatusBadRequest, Reason: metav1.StatusReasonBadRequest, Message: err.Error(),
-		}},
-		result: "error",
-	}
 }
 
 func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review) (response, string) {
@@ -153,10 +132,10 @@ func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review) (respo
 		return errored(uid, err), ""
 	}
 	op := string(req.Operation)
-	allowed := response{AdmissionResponse: admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}, result: "unchanged"}
+	allowed := response{uid: req.UID, allowed: true, result: "unchanged"}
 	if req.Kind.Group != "" || req.Kind.Kind != "Pod" || req.SubResource != "" {
 		allowed.result = "ignored"
-		allowed.Result = &metav1.Status{Message: fmt.Sprintf("tally handles pods only; %s/%s %s (subresource %q) passes unchanged", req.Kind.Group, req.Kind.Version, req.Kind.Kind, req.SubResource)}
+		allowed.message = fmt.Sprintf("tally handles pods only; %s/%s %s (subresource %q) passes unchanged", req.Kind.Group, req.Kind.Version, req.Kind.Kind, req.SubResource)
 		return allowed, op
 	}
 	if req.Operation != Create && req.Operation != Update {
@@ -178,18 +157,11 @@ func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review) (respo
 	d := h.mutator.Decide(r.Context(), in)
 	if d.Denied != "" {
 		h.log.Info("Denied pod admission", "uid", req.UID, "namespace", req.Namespace, "user", in.User, "reason", d.Denied)
-		return response{
-			AdmissionResponse: admissionv1.AdmissionResponse{UID: req.UID, Result: &metav1.Status{
-				Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden, Message: d.Denied,
-			}},
-			result: "denied",
-		}, op
+		return denied(req.UID, d.Denied), op
 	}
-	allowed.Warnings = d.Warnings
+	allowed.warnings = d.Warnings
 	if len(d.Patch) > 0 {
-		pt := admissionv1.PatchTypeJSONPatch
-		allowed.PatchType = &pt
-		allowed.Patch = AppendPatch(nil, d.Patch)
+		allowed.patch = AppendPatch(nil, d.Patch)
 		allowed.result = "patched"
 		h.log.V(1).Info("Patched pod", "uid", req.UID, "namespace", req.Namespace, "operations", len(d.Patch), "warnings", d.Warnings)
 	}
@@ -200,7 +172,7 @@ func readBody(r *http.Request, buf *bytes.Buffer) error {
 	if r.Method != http.MethodPost {
 		return fmt.Errorf("method %s: an AdmissionReview is sent with POST", r.Method)
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
+	if ct := r.Header.Get("Content-Type"); ct != "" && ct != "application/json" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
 			return fmt.Errorf("Content-Type %q: an AdmissionReview is sent as application/json", ct)
 		}
@@ -230,7 +202,7 @@ func validate(rev *review) error {
 	switch {
 	case rev.Kind != "AdmissionReview":
 		return fmt.Errorf("kind %q: expected an AdmissionReview", rev.Kind)
-	case rev.APIVersion != admissionv1.SchemeGroupVersion.String():
+	case rev.APIVersion != "admission.k8s.io/v1":
 		return fmt.Errorf("apiVersion %q: only admission.k8s.io/v1 AdmissionReviews are served", rev.APIVersion)
 	case rev.Request == nil:
 		return errors.New("AdmissionReview has no request")

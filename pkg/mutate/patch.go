@@ -2,7 +2,6 @@ package mutate
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -14,9 +13,11 @@ import (
 type PatchOp struct {
 	Op   string
 	Path string
-	// Value is a string, or a map[string]string when the operation creates
-	// the labels or annotations map itself. Unused by "remove".
-	Value any
+	// Value is the string the operation sets; unused by "remove".
+	Value string
+	// MapKey, when set, makes the value the object {MapKey: Value}: the
+	// operation creates the labels or annotations map itself.
+	MapKey string
 }
 
 // patcher collects the operations that bring each key of one request to
@@ -68,7 +69,7 @@ func (p *patcher) set(field, noun string, current, old map[string]string, create
 		p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: %s %s set back to %q: only the tally webhook sets it", noun, key, want))
 		return
 	case current == nil && !*created:
-		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: "/metadata/" + field, Value: map[string]string{key: want}})
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: "/metadata/" + field, Value: want, MapKey: key})
 		*created = true
 	default:
 		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: path, Value: want})
@@ -109,6 +110,11 @@ func escapePointer(key string) string {
 
 // AppendPatch appends the JSON encoding of ops to buf.
 func AppendPatch(buf []byte, ops []PatchOp) []byte {
+	size := 2
+	for _, op := range ops {
+		size += 40 + len(op.Op) + len(op.Path) + len(op.Value) + len(op.MapKey)
+	}
+	buf = slices.Grow(buf, size)
 	buf = append(buf, '[')
 	for i, op := range ops {
 		if i > 0 {
@@ -118,21 +124,17 @@ func AppendPatch(buf []byte, ops []PatchOp) []byte {
 		buf = appendString(buf, op.Op)
 		buf = append(buf, `,"path":`...)
 		buf = appendString(buf, op.Path)
-		switch v := op.Value.(type) {
-		case string:
-			buf = append(buf, `,"value":`...)
-			buf = appendString(buf, v)
-		case map[string]string:
+		switch {
+		case op.Op == "remove":
+		case op.MapKey != "":
 			buf = append(buf, `,"value":{`...)
-			for j, k := range slices.Sorted(maps.Keys(v)) {
-				if j > 0 {
-					buf = append(buf, ',')
-				}
-				buf = appendString(buf, k)
-				buf = append(buf, ':')
-				buf = appendString(buf, v[k])
-			}
+			buf = appendString(buf, op.MapKey)
+			buf = append(buf, ':')
+			buf = appendString(buf, op.Value)
 			buf = append(buf, '}')
+		default:
+			buf = append(buf, `,"value":`...)
+			buf = appendString(buf, op.Value)
 		}
 		buf = append(buf, '}')
 	}

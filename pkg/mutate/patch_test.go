@@ -21,7 +21,7 @@ func TestAppendPatch(t *testing.T) {
 			want: `[{"op":"add","path":"/metadata/labels/tally.dev~1parent-uid","value":"u"},{"op":"remove","path":"/metadata/annotations/a~0b~1c"}]`,
 		},
 		"new map": {
-			ops:  []PatchOp{{Op: "add", Path: "/metadata/labels", Value: map[string]string{"tally.dev/parent-uid": "u"}}},
+			ops:  []PatchOp{{Op: "add", Path: "/metadata/labels", Value: "u", MapKey: "tally.dev/parent-uid"}},
 			want: `[{"op":"add","path":"/metadata/labels","value":{"tally.dev/parent-uid":"u"}}]`,
 		},
 		"string escaping": {
