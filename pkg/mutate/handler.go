@@ -84,7 +84,12 @@ var bufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	buf := bufs.Get().(*bytes.Buffer)
 	buf.Reset()
-	defer bufs.Put(buf)
+	defer func() {
+		// Keep typical buffers; let a rare huge one go.
+		if buf.Cap() <= 1<<20 {
+			bufs.Put(buf)
+		}
+	}()
 
 	var rev review
 	resp, op := h.answer(r, buf, &rev)
