@@ -89,6 +89,9 @@ func run(m *testing.M) int {
 	defer func() {
 		cancel()
 		webhooks.Wait()
+		if verifying.certDir != "" {
+			_ = os.RemoveAll(verifying.certDir)
+		}
 		if err := env.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}
