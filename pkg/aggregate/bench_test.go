@@ -77,28 +77,32 @@ func BenchmarkCachedPodMemory(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	wholeIndexers := toolscache.Indexers{ParentIndex: func(obj any) ([]string, error) {
+		return []string{obj.(*corev1.Pod).Labels[keys.ParentUID]}, nil
+	}}
 	for _, tc := range []struct {
 		name      string
 		transform func(any) (any, error)
+		indexers  toolscache.Indexers
 	}{
-		{"whole", func(o any) (any, error) { return o, nil }},
-		{"reduced", reducer.Transform},
+		{"whole", func(o any) (any, error) { return o, nil }, wholeIndexers},
+		{"reduced", reducer.Transform, Indexers},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			var perPod float64
 			for b.Loop() {
-				perPod = cachedBytesPerPod(b, raw, tc.transform)
+				perPod = cachedBytesPerPod(b, raw, tc.transform, tc.indexers)
 			}
 			b.ReportMetric(perPod, "B/pod")
 		})
 	}
 }
 
-func cachedBytesPerPod(b *testing.B, raw [][]byte, transform func(any) (any, error)) float64 {
+func cachedBytesPerPod(b *testing.B, raw [][]byte, transform func(any) (any, error), indexers toolscache.Indexers) float64 {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, Indexers)
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, indexers)
 	for _, r := range raw {
 		pod := &corev1.Pod{}
 		if err := json.Unmarshal(r, pod); err != nil {

@@ -120,11 +120,8 @@ const ParentIndex = "tally.dev/parent-uid"
 // the value of its keys.ParentUID label. UIDs are unique across
 // namespaces, so the key needs no namespace.
 func IndexByParent(obj any) ([]string, error) {
-	switch p := obj.(type) {
-	case *Pod:
+	if p, ok := obj.(*Pod); ok {
 		return []string{string(p.ParentUID)}, nil
-	case *corev1.Pod:
-		return []string{p.Labels[keys.ParentUID]}, nil
 	}
 	return nil, fmt.Errorf("indexing by parent: unexpected object %T", obj)
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -37,15 +38,20 @@ type Reconciler struct {
 	// pods is the shared pod informer's indexer.
 	pods     toolscache.Indexer
 	recorder events.EventRecorder
+	// The kind's counters, resolved once.
+	reconciled, applied, skipped, failed prometheus.Counter
 }
 
 var _ reconcile.Reconciler = (*Reconciler)(nil)
 
 // NewReconciler returns the reconciler of one parent kind.
 func NewReconciler(parent config.Parent, parents client.Reader, writer client.Client, pods toolscache.Indexer, recorder events.EventRecorder) *Reconciler {
+	kind := parent.GroupKind().String()
 	return &Reconciler{
-		gvk: parent.GroupVersionKind(), kind: parent.GroupKind().String(), fields: parent.Fields(),
+		gvk: parent.GroupVersionKind(), kind: kind, fields: parent.Fields(),
 		parents: parents, writer: writer, pods: pods, recorder: recorder,
+		reconciled: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
+		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
 	}
 }
 
@@ -53,7 +59,7 @@ func NewReconciler(parent config.Parent, parents client.Reader, writer client.Cl
 // the mapped fields whose values differ from what the parent shows.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	changes.picked(parentKey{kind: r.gvk.GroupKind(), name: req.NamespacedName})
-	reconciles.WithLabelValues(r.kind).Inc()
+	r.reconciled.Inc()
 
 	parent := &unstructured.Unstructured{}
 	parent.SetGroupVersionKind(r.gvk)
@@ -66,7 +72,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	counts := Tally(parent.GetUID(), pods)
 	if !r.differs(parent, counts) {
-		appliesSkipped.WithLabelValues(r.kind).Inc()
+		r.skipped.Inc()
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{}, r.apply(ctx, parent, counts)
@@ -110,20 +116,20 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 			"name": parent.GetName(), "namespace": parent.GetNamespace(), "uid": string(parent.GetUID()),
 		},
 	}}
-	values := make([]any, 0, 2*len(r.fields))
 	for _, f := range r.fields {
 		if err := unstructured.SetNestedField(obj.Object, counts.Get(f.Count), f.Path...); err != nil {
 			return fmt.Errorf("building status of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
 		}
-		values = append(values, string(f.Count), counts.Get(f.Count))
 	}
 	err := r.writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership)
 	switch {
 	case err == nil:
-		applies.WithLabelValues(r.kind).Inc()
+		r.applied.Inc()
 		// The schema declares every mapped field (again).
 		kindProblems.DeleteLabelValues(r.kind, "field-not-in-schema")
-		log.FromContext(ctx).V(1).Info("Applied counts", values...)
+		if log := log.FromContext(ctx).V(1); log.Enabled() {
+			log.Info("Applied counts", "counts", counts)
+		}
 		return nil
 	case apierrors.IsNotFound(err), apierrors.IsConflict(err) && strings.Contains(err.Error(), "UID"):
 		// The parent is gone, or was replaced: its own events reconcile it.
@@ -134,14 +140,14 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		r.reportSchema(ctx, parent, err)
 		return nil
 	}
-	applyErrors.WithLabelValues(r.kind).Inc()
+	r.failed.Inc()
 	return fmt.Errorf("applying status of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
 }
 
 // reportSchema reports that the parent kind's schema does not declare a
 // mapped field, so the API server refuses to apply it.
 func (r *Reconciler) reportSchema(ctx context.Context, parent *unstructured.Unstructured, err error) {
-	applyErrors.WithLabelValues(r.kind).Inc()
+	r.failed.Inc()
 	kindProblems.WithLabelValues(r.kind, "field-not-in-schema").Set(1)
 	paths := make([]string, 0, len(r.fields))
 	for _, f := range r.fields {

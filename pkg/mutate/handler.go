@@ -168,7 +168,9 @@ func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review) (respo
 	if len(d.Patch) > 0 {
 		allowed.patch = AppendPatch(nil, d.Patch)
 		allowed.result = "patched"
-		h.log.V(1).Info("Patched pod", "uid", req.UID, "namespace", req.Namespace, "operations", len(d.Patch), "warnings", d.Warnings)
+		if log := h.log.V(1); log.Enabled() {
+			log.Info("Patched pod", "uid", req.UID, "namespace", req.Namespace, "operations", len(d.Patch), "warnings", d.Warnings)
+		}
 	}
 	return allowed, op
 }
