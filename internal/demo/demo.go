@@ -77,7 +77,10 @@ type Demo struct {
 	env        *framework.Env
 	client     client.Client
 	kubeconfig string
-	logDir     string
+	// aggregatorKubeconfig runs the aggregator as the chart's service
+	// account would: the webhook registration exempts it.
+	aggregatorKubeconfig string
+	logDir               string
 	// rng drives the disruptions, kubeletRNG the kubelet's delays.
 	rng, kubeletRNG *rand.Rand
 
@@ -154,15 +157,27 @@ func (d *Demo) writeKubeconfig() error {
 	if err != nil {
 		return fmt.Errorf("provisioning the demo user: %w", err)
 	}
+	if d.kubeconfig, err = writeKubeconfig(user, filepath.Join(d.opts.Dir, "kubeconfig")); err != nil {
+		return err
+	}
+	if user, err = d.env.AggregatorIdentity(); err != nil {
+		return err
+	}
+	d.aggregatorKubeconfig, err = writeKubeconfig(user, filepath.Join(d.opts.Dir, "aggregator.kubeconfig"))
+	return err
+}
+
+// writeKubeconfig writes user's kubeconfig to path and returns its absolute
+// path.
+func writeKubeconfig(user *envtest.AuthenticatedUser, path string) (string, error) {
 	data, err := user.KubeConfig()
 	if err != nil {
-		return err
+		return "", err
 	}
-	d.kubeconfig, err = filepath.Abs(filepath.Join(d.opts.Dir, "kubeconfig"))
-	if err != nil {
-		return err
+	if path, err = filepath.Abs(path); err != nil {
+		return "", err
 	}
-	return os.WriteFile(d.kubeconfig, data, 0o600)
+	return path, os.WriteFile(path, data, 0o600)
 }
 
 func freeAddr() (string, int, error) {
@@ -210,7 +225,7 @@ func (d *Demo) registerWebhook(ctx context.Context, ca *devcert.CA, port int) er
 	wh := mutate.Webhook(d.cfg.Parents, admissionregistrationv1.WebhookClientConfig{
 		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)),
 		CABundle: ca.CertPEM,
-	})
+	}, framework.AggregatorUser)
 	return d.client.Create(ctx, &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "tally"},
 		Webhooks:   []admissionregistrationv1.MutatingWebhook{wh},
@@ -228,7 +243,7 @@ func (d *Demo) StartAggregator(ctx context.Context) error {
 	}
 	d.say("starting %s", filepath.Join(d.opts.BinDir, "aggregator"))
 	d.aggregator, err = startProcess("aggregator", filepath.Join(d.opts.BinDir, "aggregator"), d.logDir,
-		"--config", d.opts.ConfigFile, "--kubeconfig", d.kubeconfig,
+		"--config", d.opts.ConfigFile, "--kubeconfig", d.aggregatorKubeconfig,
 		"--metrics-bind-address", d.aggregatorMetrics, "--health-probe-bind-address", probe)
 	if err != nil {
 		return err
@@ -339,7 +354,7 @@ func (d *Demo) Snapshot(ctx context.Context) (Snapshot, error) {
 	if err := d.client.List(ctx, &pods, client.InNamespace(Namespace)); err != nil {
 		return Snapshot{}, err
 	}
-	s := Snapshot{Tally: map[config.Count]int64{}, Truth: framework.Truth(pods.Items, pool.GetUID())}
+	s := Snapshot{Tally: map[config.Count]int64{}, Truth: framework.Truth(pods.Items, pool.GetNamespace(), pool.GetUID())}
 	s.Desired, _, _ = unstructured.NestedInt64(pool.Object, "spec", "replicas")
 	for _, c := range config.Counts {
 		v, found, _ := unstructured.NestedInt64(pool.Object, "status", string(c))

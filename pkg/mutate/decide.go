@@ -55,6 +55,9 @@ type Decision struct {
 	Patch []PatchOp
 	// Warnings are returned to the client.
 	Warnings []string
+	// Unverified, when not empty, says why a pod with a tracked controller
+	// owner was not stamped with its identity (verifyOwner refused it).
+	Unverified string
 }
 
 // Owner identifies a pod's controller owner of a tracked kind.
@@ -120,6 +123,7 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	if isTracked && m.checker != nil && !alreadyStamped(in, owner) {
 		if ok, reason := m.checker.CheckOwner(ctx, in.Pod.Namespace, owner); !ok {
 			isTracked = false
+			d.Unverified = reason
 			d.Warnings = append(d.Warnings, fmt.Sprintf("tally: pod not stamped with its parent's identity: %s", reason))
 		}
 	}

@@ -71,6 +71,8 @@ func TestDecide(t *testing.T) {
 		wantWarn    []string
 		wantDenied  string
 		wantNoPatch bool
+		// wantUnverified is the reason a tracked pod was not stamped.
+		wantUnverified string
 	}{
 		{
 			name: "create stamps identity from the controller ref",
@@ -229,8 +231,9 @@ func TestDecide(t *testing.T) {
 		{
 			name: "verifyOwner refuses to stamp an unknown owner",
 			op:   Create, pod: pod().ControlledBy(pool, "pool-a", uid), checker: fakeChecker{},
-			wantNoPatch: true,
-			wantWarn:    []string{"pod not stamped with its parent's identity: WorkerPool.example.tally.dev/pool-a with UID " + string(uid) + " not found in namespace ns"},
+			wantNoPatch:    true,
+			wantWarn:       []string{"pod not stamped with its parent's identity: WorkerPool.example.tally.dev/pool-a with UID " + string(uid) + " not found in namespace ns"},
+			wantUnverified: "WorkerPool.example.tally.dev/pool-a with UID " + string(uid) + " not found in namespace ns",
 		},
 		{
 			name: "delete is ignored",
@@ -252,6 +255,7 @@ func TestDecide(t *testing.T) {
 				return
 			}
 			require.Empty(t, d.Denied)
+			assert.Equal(t, tc.wantUnverified, d.Unverified)
 			require.Len(t, d.Warnings, len(tc.wantWarn), "warnings: %q", d.Warnings)
 			for i, w := range tc.wantWarn {
 				assert.Contains(t, d.Warnings[i], w)

@@ -38,9 +38,29 @@ func MatchExpression(parents []config.Parent) string {
 		strings.Join(kinds, " || "), tallyKeys("object"), tallyKeys("oldObject"))
 }
 
+// AggregatorConditionName names the CEL condition that keeps the API
+// server from calling the webhook for the aggregator's own requests.
+const AggregatorConditionName = "not-tally-aggregator"
+
+// AggregatorExpression returns the CEL expression that holds for every
+// requester but the aggregator, user. The aggregator's backfill stamps pods
+// with the webhook's own rules (so the webhook would change nothing), and
+// must be able to do so while the webhook is down under failurePolicy Fail.
+// What the aggregator may change on a pod is fenced by the chart's
+// ValidatingAdmissionPolicy, which the API server evaluates itself.
+func AggregatorExpression(user string) string {
+	return fmt.Sprintf("request.userInfo.username != %s", celString(user))
+}
+
+// celString quotes s as a CEL string literal.
+func celString(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
+
 // Webhook returns the pod mutating webhook as it is registered in a cluster,
-// calling the service or URL in clientConfig.
-func Webhook(parents []config.Parent, clientConfig admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.MutatingWebhook {
+// calling the service or URL in clientConfig. aggregatorUser is the
+// aggregator's username, whose requests the webhook is not called for.
+func Webhook(parents []config.Parent, clientConfig admissionregistrationv1.WebhookClientConfig, aggregatorUser string) admissionregistrationv1.MutatingWebhook {
 	failurePolicy := admissionregistrationv1.Fail
 	sideEffects := admissionregistrationv1.SideEffectClassNone
 	reinvocation := admissionregistrationv1.IfNeededReinvocationPolicy
@@ -62,6 +82,9 @@ func Webhook(parents []config.Parent, clientConfig admissionregistrationv1.Webho
 		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 			Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system"},
 		}}},
-		MatchConditions: []admissionregistrationv1.MatchCondition{{Name: MatchConditionName, Expression: MatchExpression(parents)}},
+		MatchConditions: []admissionregistrationv1.MatchCondition{
+			{Name: MatchConditionName, Expression: MatchExpression(parents)},
+			{Name: AggregatorConditionName, Expression: AggregatorExpression(aggregatorUser)},
+		},
 	}
 }

@@ -6,15 +6,9 @@
 package chart
 
 import (
-	"bytes"
-	"errors"
-	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -23,7 +17,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/pkg/config"
@@ -32,19 +25,11 @@ import (
 )
 
 const (
-	release   = "tally"
-	namespace = "tally-system"
+	release   = framework.Release
+	namespace = framework.ReleaseNamespace
 )
 
-func helm(args ...string) (string, error) {
-	cmd := exec.Command(framework.Helm(), args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
-	}
-	return stdout.String(), nil
-}
+func helm(args ...string) (string, error) { return framework.Helm(args...) }
 
 func valuesFile(name string) string {
 	return framework.Path("test", "chart", "testdata", "values", name)
@@ -65,19 +50,9 @@ func render(t *testing.T, values ...string) string {
 // objects decodes a rendering into its objects.
 func objects(t *testing.T, manifest string) []*unstructured.Unstructured {
 	t.Helper()
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifest), 4096)
-	var objs []*unstructured.Unstructured
-	for {
-		u := &unstructured.Unstructured{}
-		err := dec.Decode(&u.Object)
-		if errors.Is(err, io.EOF) {
-			return objs
-		}
-		require.NoError(t, err)
-		if len(u.Object) > 0 {
-			objs = append(objs, u)
-		}
-	}
+	objs, err := framework.Objects(manifest)
+	require.NoError(t, err)
+	return objs
 }
 
 func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string, into any) bool {
@@ -152,7 +127,7 @@ func TestAggregatorRBAC(t *testing.T) {
 	var role rbacv1.ClusterRole
 	require.True(t, find(t, objs, "ClusterRole", "tally-aggregator", &role))
 	assert.ElementsMatch(t, []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "patch"}},
 		{APIGroups: []string{"batch.example.com"}, Resources: []string{"batchruns"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"batch.example.com"}, Resources: []string{"batchruns/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{"example.tally.dev"}, Resources: []string{"workerpools"}, Verbs: []string{"get", "list", "watch"}},
@@ -180,8 +155,8 @@ func TestAggregatorRBAC(t *testing.T) {
 	assert.False(t, find(t, objects(t, render(t)), "ClusterRole", "tally-webhook", &webhookRole))
 }
 
-// TestMatchConditions: the chart renders the same CEL condition as
-// mutate.MatchExpression for the configured parents.
+// TestMatchConditions: the chart renders the same match conditions as
+// mutate.Webhook for the configured parents and the release's aggregator.
 func TestMatchConditions(t *testing.T) {
 	for _, values := range [][]string{nil, {"two-parents.yaml"}} {
 		objs := objects(t, render(t, values...))
@@ -199,9 +174,8 @@ func TestMatchConditions(t *testing.T) {
 		var mwc admissionregistrationv1.MutatingWebhookConfiguration
 		require.True(t, find(t, objs, "MutatingWebhookConfiguration", "tally", &mwc))
 		require.Len(t, mwc.Webhooks, 1)
-		require.Len(t, mwc.Webhooks[0].MatchConditions, 1)
-		assert.Equal(t, mutate.MatchConditionName, mwc.Webhooks[0].MatchConditions[0].Name)
-		assert.Equal(t, mutate.MatchExpression(cfg.Parents), mwc.Webhooks[0].MatchConditions[0].Expression)
+		want := mutate.Webhook(cfg.Parents, admissionregistrationv1.WebhookClientConfig{}, framework.AggregatorUser)
+		assert.Equal(t, want.MatchConditions, mwc.Webhooks[0].MatchConditions)
 		assert.Equal(t, mutate.Path, *mwc.Webhooks[0].ClientConfig.Service.Path)
 	}
 }

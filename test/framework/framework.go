@@ -97,8 +97,9 @@ const (
 	CertManagerVersion = "v1.21.2"
 )
 
-// Helm returns the path of the helm binary: $HELM, else bin/helm-<version>.
-func Helm() string {
+// HelmBinary returns the path of the helm binary: $HELM, else
+// bin/helm-<version>.
+func HelmBinary() string {
 	if h := os.Getenv("HELM"); h != "" {
 		return h
 	}
@@ -115,13 +116,20 @@ func CertManagerCRDs() string {
 }
 
 // Main is a test package's TestMain body: it starts one control plane for
-// the package, stores it in *env, runs the tests and stops it. It returns
-// the exit code.
-func Main(m interface{ Run() int }, opts Options, env **Env) int {
+// the package, stores it in *env, runs setup on it, runs the tests and stops
+// it. It returns the exit code.
+func Main(m interface{ Run() int }, opts Options, env **Env, setup ...func(*Env) error) int {
 	var err error
 	if *env, err = Start(opts); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	for _, s := range setup {
+		if err := s(*env); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			_ = (*env).Stop()
+			return 1
+		}
 	}
 	code := m.Run()
 	if err := (*env).Stop(); err != nil {

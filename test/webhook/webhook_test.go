@@ -72,7 +72,7 @@ func run(m *testing.M) int {
 
 	wh := mutate.Webhook(parents, admissionregistrationv1.WebhookClientConfig{
 		Service: &admissionregistrationv1.ServiceReference{Name: "tally-webhook", Namespace: "tally-system", Path: ptr.To(mutate.Path)},
-	})
+	}, framework.AggregatorUser)
 	wh.NamespaceSelector.MatchExpressions = append(wh.NamespaceSelector.MatchExpressions,
 		metav1.LabelSelectorRequirement{Key: instanceLabel, Operator: metav1.LabelSelectorOpDoesNotExist})
 	var err error
@@ -147,7 +147,7 @@ func startVerifying(ctx context.Context) error {
 	wh := mutate.Webhook(parents, admissionregistrationv1.WebhookClientConfig{
 		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", verifying.port, mutate.Path)),
 		CABundle: verifying.ca.CertPEM,
-	})
+	}, framework.AggregatorUser)
 	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{instanceLabel: "verifying"}}
 	return env.Client.Create(ctx, &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "tally-verifying"},

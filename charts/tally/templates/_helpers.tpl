@@ -9,6 +9,7 @@
 
 {{- define "tally.webhook" -}}{{ include "tally.fullname" . }}-webhook{{- end -}}
 {{- define "tally.aggregator" -}}{{ include "tally.fullname" . }}-aggregator{{- end -}}
+{{- define "tally.aggregatorUser" -}}system:serviceaccount:{{ .Release.Namespace }}:{{ include "tally.aggregator" . }}{{- end -}}
 {{- define "tally.tlsSecret" -}}{{ include "tally.webhook" . }}-tls{{- end -}}
 
 {{- define "tally.labels" -}}
