@@ -50,7 +50,7 @@ func BenchmarkCountParent(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if c := Tally(uid, pods); c.Completing != 25 || c.Active != 75 {
+				if c := Tally("ns", uid, pods); c.Completing != 25 || c.Active != 75 {
 					b.Fatalf("counts %+v", c)
 				}
 			}

@@ -26,13 +26,14 @@ func (c Counts) Get(name config.Count) int64 {
 	return 0
 }
 
-// Tally counts the pods of the parent with UID uid. A pod belongs to the
-// parent only when it is labelled with uid and its controller ownerReference
-// carries uid too; other pods are ignored.
-func Tally(uid types.UID, pods []*Pod) Counts {
+// Tally counts the pods of the parent with UID uid in namespace ns. A pod
+// belongs to the parent only when it lives in ns and its controller
+// ownerReference carries uid; it is found through the keys.ParentUID label,
+// so it must carry uid there too. Other pods are ignored.
+func Tally(ns string, uid types.UID, pods []*Pod) Counts {
 	var c Counts
 	for _, pod := range pods {
-		if pod.ParentUID != uid || pod.Controller.UID != uid {
+		if pod.Namespace != ns || pod.Controller.UID != uid || pod.ParentUID != uid {
 			continue
 		}
 		terminal := pod.Terminal()

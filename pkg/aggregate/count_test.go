@@ -54,10 +54,12 @@ func TestTally(t *testing.T) {
 		{"label with another owner's reference: not counted", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "other", "uid-q").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 		{"non-controller reference: not counted", builder.Pod("ns", "p").OwnedBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 		{"another parent's pod: not counted", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "other", "uid-q").Label(keys.ParentUID, "uid-q").Build(), Counts{}},
+		{"controller ref to the parent, no label: not found", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Build(), Counts{}},
+		{"another namespace, same controller UID: not counted", builder.Pod("other-ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, Tally(uid, []*Pod{reducer.Pod(tc.pod)}))
+			assert.Equal(t, tc.want, Tally("ns", uid, []*Pod{reducer.Pod(tc.pod)}))
 		})
 	}
 }
@@ -74,9 +76,37 @@ func TestTallySums(t *testing.T) {
 	for _, p := range pods {
 		cached = append(cached, reducer.Pod(p))
 	}
-	got := Tally(uid, cached)
+	got := Tally("ns", uid, cached)
 	assert.Equal(t, Counts{Active: 2, Completing: 1, Completed: 1, Unexpected: 1}, got)
 	for name, want := range map[config.Count]int64{config.Active: 2, config.Completing: 1, config.Completed: 1, config.Unexpected: 1} {
 		assert.Equal(t, want, got.Get(name), name)
+	}
+}
+
+func TestMisstamped(t *testing.T) {
+	pool := func() *builder.PodBuilder {
+		return builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid)
+	}
+	stamped := func() *builder.PodBuilder {
+		return pool().Label(keys.ParentUID, string(uid)).Label(keys.ParentName, "pool").Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool")
+	}
+	tests := []struct {
+		name string
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"stamped as the webhook would", stamped().Build(), false},
+		{"stamped, with an admitted intent", stamped().Annotation(keys.CompletionIntent, "scale-down").Build(), false},
+		{"untracked, no tally keys", builder.Pod("ns", "p").Build(), false},
+		{"tracked controller, no label", pool().Build(), true},
+		{"label of another parent", stamped().Label(keys.ParentUID, "uid-q").Build(), true},
+		{"label without a controller", builder.Pod("ns", "p").Label(keys.ParentUID, string(uid)).Build(), true},
+		{"name label missing", pool().Label(keys.ParentUID, string(uid)).Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool").Build(), true},
+		{"intent stamp without an intent", stamped().Annotation(keys.CompletionIntentBy, "someone").Build(), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, reducer.Pod(tc.pod).Misstamped)
+		})
 	}
 }

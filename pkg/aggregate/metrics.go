@@ -27,10 +27,31 @@ var (
 		Name: "tally_aggregator_apply_errors_total",
 		Help: "Server-side applies of status counts that failed, by parent kind.",
 	}, []string{"kind"})
+	applyConflicts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_apply_conflicts_total",
+		Help: "Applies refused because the parent changed since the cache showed it (expected under load, and from a deposed leader); the parent is counted again, by parent kind.",
+	}, []string{"kind"})
 	kindProblems = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tally_aggregator_parent_kind_problems",
-		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, no-status-subresource, resource-mismatch, field-not-in-schema).",
+		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, no-status-subresource, resource-mismatch, field-not-in-schema, status-not-found).",
 	}, []string{"kind", "problem"})
+	podsStamped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tally_aggregator_backfill_stamped_pods_total",
+		Help: "Pods the backfill sweep stamped (or corrected) with the webhook's rules.",
+	})
+	unstampedPods = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tally_aggregator_unstamped_pods",
+		Help: "Pods of a tracked kind that the last complete backfill sweep could not stamp (owner not verified, API error); they are not counted.",
+	})
+	backfillSweeps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_backfill_sweeps_total",
+		Help: "Backfill sweeps, by result (complete, failed).",
+	}, []string{"result"})
+	backfillDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "tally_aggregator_backfill_duration_seconds",
+		Help:    "Time one backfill sweep took.",
+		Buckets: prometheus.ExponentialBuckets(0.05, 2, 14),
+	})
 )
 
 // changes tracks, for each parent with an unprocessed change, when its first
@@ -38,7 +59,8 @@ var (
 var changes = newPending()
 
 func init() {
-	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, kindProblems,
+	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, kindProblems,
+		podsStamped, unstampedPods, backfillSweeps, backfillDuration,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",
 			Help: "Age of the oldest change to a parent or its pods that no reconcile has picked up yet; 0 when there is none.",

@@ -1,6 +1,7 @@
 package aggregate
 
 import (
+	"context"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
 )
 
 // Pod is what the aggregator's cache keeps of a pod: its identity and the
@@ -35,6 +37,10 @@ type Pod struct {
 	Intent bool
 	// Phase is the pod's status.phase.
 	Phase corev1.PodPhase
+	// Misstamped reports that the pod's tally metadata is not what the
+	// webhook's rules give it (set by a client the webhook did not see);
+	// the backfill sweep corrects it.
+	Misstamped bool
 }
 
 // Controller is a pod's controller ownerReference.
@@ -67,6 +73,9 @@ type Reducer struct {
 	// kinds maps each tracked kind to itself, so that every cached pod
 	// shares the configuration's strings.
 	kinds map[schema.GroupKind]schema.GroupKind
+	// rules are the webhook's, without owner verification: they tell
+	// whether a pod's tally metadata is what it should be.
+	rules *mutate.Mutator
 }
 
 // NewReducer returns a Reducer for the given parent kinds.
@@ -75,7 +84,7 @@ func NewReducer(parents []config.Parent) *Reducer {
 	for _, p := range parents {
 		kinds[p.GroupKind()] = p.GroupKind()
 	}
-	return &Reducer{kinds: kinds}
+	return &Reducer{kinds: kinds, rules: mutate.NewMutator(parents, nil)}
 }
 
 // Transform is the pod informer's transform: it reduces a *corev1.Pod to a
@@ -100,6 +109,7 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 		Phase:     pod.Status.Phase,
 	}
 	_, out.Intent = pod.Annotations[keys.CompletionIntent]
+	out.Misstamped = r.misstamped(pod)
 	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
 		out.Controller = Controller{Name: ref.Name, UID: ref.UID}
 		if out.Controller.UID == out.ParentUID {
@@ -111,6 +121,14 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 		}
 	}
 	return out
+}
+
+// misstamped applies the webhook's rules to the pod as if it were updated
+// unchanged: any patch means its tally metadata is not what it should be.
+func (r *Reducer) misstamped(pod *corev1.Pod) bool {
+	meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
+	d := r.rules.Decide(context.Background(), mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta})
+	return len(d.Patch) > 0
 }
 
 // ParentIndex names the pod informer's index by parent UID.
@@ -126,8 +144,22 @@ func IndexByParent(obj any) ([]string, error) {
 	return nil, fmt.Errorf("indexing by parent: unexpected object %T", obj)
 }
 
+// MisstampedIndex names the pod informer's index of the pods whose tally
+// metadata the backfill sweep must correct; they are filed under
+// "true", the others under no key.
+const MisstampedIndex = "tally.dev/misstamped"
+
+const misstampedValue = "true"
+
+func indexMisstamped(obj any) ([]string, error) {
+	if p, ok := obj.(*Pod); ok && p.Misstamped {
+		return []string{misstampedValue}, nil
+	}
+	return nil, nil
+}
+
 // Indexers are the indexes the pod informer needs.
-var Indexers = toolscache.Indexers{ParentIndex: IndexByParent}
+var Indexers = toolscache.Indexers{ParentIndex: IndexByParent, MisstampedIndex: indexMisstamped}
 
 // PodsOf returns the cached pods filed under the parent's UID. The pods are
 // shared with the cache and must not be modified.

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/mutate"
 )
 
 // FieldManager is the server-side apply field manager under which the
@@ -31,33 +32,43 @@ type Reconciler struct {
 	gvk    schema.GroupVersionKind
 	kind   string
 	fields []config.Field
-	// parents reads parents from the informer cache.
-	parents client.Reader
+	// parents reads parents from the informer cache; live from the API
+	// server.
+	parents, live client.Reader
 	// writer sends the server-side applies.
 	writer client.Client
+	// backfilled waits until the start-up backfill's stamps are cached.
+	backfilled func(context.Context) error
 	// pods is the shared pod informer's indexer.
 	pods     toolscache.Indexer
 	recorder events.EventRecorder
 	// The kind's counters, resolved once.
-	reconciled, applied, skipped, failed prometheus.Counter
+	reconciled, applied, skipped, failed, conflicts prometheus.Counter
 }
 
 var _ reconcile.Reconciler = (*Reconciler)(nil)
 
-// NewReconciler returns the reconciler of one parent kind.
-func NewReconciler(parent config.Parent, parents client.Reader, writer client.Client, pods toolscache.Indexer, recorder events.EventRecorder) *Reconciler {
+// NewReconciler returns the reconciler of one parent kind. It reads
+// parents from the cache parents, and from live when the API server answers
+// an apply with 404. It writes nothing before backfilled returns.
+func NewReconciler(parent config.Parent, parents, live client.Reader, writer client.Client, pods toolscache.Indexer, backfilled func(context.Context) error, recorder events.EventRecorder) *Reconciler {
 	kind := parent.GroupKind().String()
 	return &Reconciler{
 		gvk: parent.GroupVersionKind(), kind: kind, fields: parent.Fields(),
-		parents: parents, writer: writer, pods: pods, recorder: recorder,
+		parents: parents, live: live, writer: writer, pods: pods, backfilled: backfilled, recorder: recorder,
 		reconciled: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
+		conflicts: applyConflicts.WithLabelValues(kind),
 	}
 }
 
 // Reconcile recomputes one parent's counts from the cached pods and applies
 // the mapped fields whose values differ from what the parent shows.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if r.backfilled(ctx) != nil {
+		// Shutting down before the start-up backfill completed.
+		return reconcile.Result{}, nil
+	}
 	changes.picked(parentKey{kind: r.gvk.GroupKind(), name: req.NamespacedName})
 	r.reconciled.Inc()
 
@@ -70,12 +81,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	counts := Tally(parent.GetUID(), pods)
+	counts := Tally(parent.GetNamespace(), parent.GetUID(), pods)
 	if !r.differs(parent, counts) {
 		r.skipped.Inc()
 		return reconcile.Result{}, nil
 	}
-	return reconcile.Result{}, r.apply(ctx, parent, counts)
+	return r.apply(ctx, parent, counts)
 }
 
 // differs reports whether any mapped field of parent does not hold its
@@ -104,44 +115,80 @@ func equalCount(v any, want int64) bool {
 	return false
 }
 
+// conflictRequeue is when a parent whose apply met a newer version is
+// reconciled again; its watch event usually brings it back sooner.
+const conflictRequeue = time.Second
+
 // apply sends one server-side apply to the status subresource holding
-// exactly the mapped fields. The parent's UID makes it a precondition: a
-// parent deleted and created again under the same name is not written with
-// the old one's counts.
-func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, counts Counts) error {
+// exactly the mapped fields. The resourceVersion of the parent the counts
+// were computed against is a precondition: a parent deleted and created
+// again under the same name is never written with the old one's counts, and
+// a writer whose cache is behind (a deposed leader) gets a conflict instead
+// of overwriting newer counts. (A UID in an apply is not a precondition: the
+// API server ignores it.)
+func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, counts Counts) (reconcile.Result, error) {
+	key := client.ObjectKeyFromObject(parent)
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": r.gvk.GroupVersion().String(),
 		"kind":       r.gvk.Kind,
 		"metadata": map[string]any{
-			"name": parent.GetName(), "namespace": parent.GetNamespace(), "uid": string(parent.GetUID()),
+			"name": parent.GetName(), "namespace": parent.GetNamespace(), "resourceVersion": parent.GetResourceVersion(),
 		},
 	}}
 	for _, f := range r.fields {
 		if err := unstructured.SetNestedField(obj.Object, counts.Get(f.Count), f.Path...); err != nil {
-			return fmt.Errorf("building status of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
+			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
 		}
 	}
 	err := r.writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership)
 	switch {
 	case err == nil:
 		r.applied.Inc()
-		// The schema declares every mapped field (again).
+		// The schema declares every mapped field, and the status is served
+		// (again).
 		kindProblems.DeleteLabelValues(r.kind, "field-not-in-schema")
+		kindProblems.DeleteLabelValues(r.kind, "status-not-found")
 		if log := log.FromContext(ctx).V(1); log.Enabled() {
 			log.Info("Applied counts", "counts", counts)
 		}
-		return nil
-	case apierrors.IsNotFound(err), apierrors.IsConflict(err) && strings.Contains(err.Error(), "UID"):
-		// The parent is gone, or was replaced: its own events reconcile it.
-		return nil
+		return reconcile.Result{}, nil
+	case apierrors.IsConflict(err):
+		// The parent changed since the cache showed it: count again on the
+		// version the cache is about to receive.
+		r.conflicts.Inc()
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	case apierrors.IsNotFound(err):
+		return reconcile.Result{}, r.notFound(ctx, parent, err)
 	case strings.Contains(err.Error(), "field not declared in schema"):
-		// Retrying cannot help until the CRD changes; the parent's next
-		// change tries again.
+		// Retried with backoff: the CRD may be fixed at any time.
 		r.reportSchema(ctx, parent, err)
+		return reconcile.Result{}, fmt.Errorf("applying status of %s %s: %w", r.kind, key, err)
+	}
+	r.failed.Inc()
+	return reconcile.Result{}, fmt.Errorf("applying status of %s %s: %w", r.kind, key, err)
+}
+
+// notFound handles a 404 answer to an apply: nothing to do when the parent
+// is really gone (its deletion reconciles nothing), an error when it exists
+// and its status cannot be reached (a version or a status subresource no
+// longer served).
+func (r *Reconciler) notFound(ctx context.Context, parent *unstructured.Unstructured, applyErr error) error {
+	key := client.ObjectKeyFromObject(parent)
+	live := mutate.PartialMetadata(r.gvk)
+	err := r.live.Get(ctx, key, live)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err == nil && live.GetUID() != parent.GetUID():
+		// Replaced: the new parent's own events reconcile it.
 		return nil
 	}
 	r.failed.Inc()
-	return fmt.Errorf("applying status of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
+	kindProblems.WithLabelValues(r.kind, "status-not-found").Set(1)
+	if err != nil {
+		return fmt.Errorf("applying status of %s %s: %w (and reading it: %v)", r.kind, key, applyErr, err)
+	}
+	return fmt.Errorf("applying status of %s %s: the parent exists but its status is not served as %s: %w", r.kind, key, r.gvk.GroupVersion(), applyErr)
 }
 
 // reportSchema reports that the parent kind's schema does not declare a
@@ -153,8 +200,6 @@ func (r *Reconciler) reportSchema(ctx context.Context, parent *unstructured.Unst
 	for _, f := range r.fields {
 		paths = append(paths, strings.Join(f.Path, "."))
 	}
-	log.FromContext(ctx).Error(err, "The parent kind's schema does not declare a mapped status field; add it to the CRD",
-		"kind", r.kind, "fields", paths)
 	r.recorder.Eventf(parent, nil, corev1.EventTypeWarning, "StatusFieldNotInSchema", "ApplyCounts",
 		"tally cannot write the counts: the schema of %s must declare %s (%v)", r.kind, strings.Join(paths, ", "), err)
 }

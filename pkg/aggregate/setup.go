@@ -2,19 +2,22 @@ package aggregate
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/discovery"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -22,9 +25,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
 )
 
 // PodSelector selects the pods the aggregator watches: those carrying the
@@ -52,15 +57,23 @@ type Options struct {
 	// MaxConcurrentReconciles is how many parents of one kind are reconciled
 	// at once. Work on one parent is always serialised.
 	MaxConcurrentReconciles int
+	// BackfillInterval is the time between two backfill sweeps.
+	BackfillInterval time.Duration
+	// VerifyOwner makes the backfill confirm a pod's owner before stamping
+	// it, as the webhook does with verifyOwner.
+	VerifyOwner bool
 }
 
-// Setup adds the pod index and one controller per parent kind to mgr, whose
-// cache must have been built with CacheOptions. A kind the API server does
-// not serve, or serves without a status subresource, is reported (log and
-// tally_aggregator_parent_kind_problems) and skipped; the others are served.
-// It returns an error only when no kind can be served.
+// Setup adds the pod index, the backfill sweep and one controller per
+// parent kind to mgr, whose cache must have been built with CacheOptions.
+// A kind the API server does not serve, or serves without a status
+// subresource, is reported (log and tally_aggregator_parent_kind_problems)
+// and checked again, with backoff, until it can be served; the others are
+// served meanwhile.
 func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, opts Options) error {
-	log := ctrl.LoggerFrom(ctx)
+	if opts.BackfillInterval <= 0 {
+		return fmt.Errorf("the backfill interval must be positive, not %s", opts.BackfillInterval)
+	}
 	informer, err := mgr.GetCache().GetInformer(ctx, &corev1.Pod{})
 	if err != nil {
 		return fmt.Errorf("creating the pod informer: %w", err)
@@ -77,59 +90,147 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 		return fmt.Errorf("creating discovery client: %w", err)
 	}
 
-	served := 0
+	var checker mutate.OwnerChecker
+	if opts.VerifyOwner {
+		checker = mutate.NewReaderOwnerChecker(parents, mgr.GetCache(), newParent, mgr.GetAPIReader())
+	}
+	log := ctrl.LoggerFrom(ctx)
+	backfill := NewBackfill(mutate.NewMutator(parents, checker), mgr.GetAPIReader(), mgr.GetClient(), indexed.GetIndexer(),
+		mgr.GetCache().WaitForCacheSync, opts.BackfillInterval, log.WithName("backfill"))
+	if err := mgr.Add(backfill); err != nil {
+		return err
+	}
+
+	k := &kinds{mgr: mgr, disco: disco, pods: indexed.GetIndexer(), backfill: backfill, opts: opts}
+	var pending []config.Parent
 	for _, p := range parents {
-		if problem, err := checkKind(mgr, disco, p); err != nil {
-			kindProblems.WithLabelValues(p.GroupKind().String(), problem).Set(1)
-			log.Error(err, "Parent kind cannot be served; serving the other kinds", "kind", p.GroupKind().String(), "problem", problem)
-			continue
-		}
-		r := NewReconciler(p, mgr.GetCache(), mgr.GetClient(), indexed.GetIndexer(), mgr.GetEventRecorder(FieldManager))
-		parent := &unstructured.Unstructured{}
-		parent.SetGroupVersionKind(p.GroupVersionKind())
-		err := ctrl.NewControllerManagedBy(mgr).
-			Named(strings.ToLower(p.GroupKind().String())).
-			Watches(parent, handler.EnqueueRequestsFromMapFunc(r.self)).
-			Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.parentOf)).
-			WithOptions(controller.Options{
-				MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
-				// Names are unique per manager (the config rejects a kind
-				// given twice); the process-wide check would only refuse a
-				// second manager in the same process, as tests start.
-				SkipNameValidation: ptr.To(true),
-				// A first list of many pods can take longer than the
-				// default two minutes; no status is written before it ends.
-				CacheSyncTimeout: 10 * time.Minute,
-			}).
-			Complete(r)
+		problem, err := k.serve(p)
 		if err != nil {
-			return fmt.Errorf("creating the controller of %s: %w", p.GroupKind(), err)
+			return err
 		}
-		served++
+		if problem != nil {
+			log.Error(problem, "Parent kind cannot be served yet; serving the other kinds and checking again", "kind", p.GroupKind().String())
+			pending = append(pending, p)
+		}
 	}
-	if served == 0 {
-		return errors.New("no configured parent kind can be served")
+	if len(pending) == 0 {
+		return nil
 	}
-	return nil
+	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		k.retry(ctx, pending)
+		return nil
+	}))
 }
 
-// checkKind confirms that the API server serves the parent kind with a
-// status subresource, and returns the problem's name when it does not.
-func checkKind(mgr manager.Manager, disco discovery.DiscoveryInterface, p config.Parent) (string, error) {
-	mapping, err := mgr.GetRESTMapper().RESTMapping(p.GroupKind(), p.Version)
+// newParent returns an empty parent object, as the cache serves parents.
+func newParent(gvk schema.GroupVersionKind) client.Object {
+	parent := &unstructured.Unstructured{}
+	parent.SetGroupVersionKind(gvk)
+	return parent
+}
+
+// kinds adds the controller of each parent kind once the API server serves
+// it.
+type kinds struct {
+	mgr      manager.Manager
+	disco    discovery.DiscoveryInterface
+	pods     toolscache.Indexer
+	backfill *Backfill
+	opts     Options
+}
+
+// kindProblem is why a parent kind cannot be served yet.
+type kindProblem struct {
+	name string // the problem label of tally_aggregator_parent_kind_problems
+	err  error
+}
+
+func (p *kindProblem) Error() string { return p.err.Error() }
+
+// serve adds the controller of kind p when the API server serves it with a
+// status subresource, and reports the problem otherwise. The error is for
+// a controller that could not be created.
+func (k *kinds) serve(p config.Parent) (*kindProblem, error) {
+	kind := p.GroupKind().String()
+	if problem := k.check(p); problem != nil {
+		kindProblems.DeletePartialMatch(prometheus.Labels{"kind": kind})
+		kindProblems.WithLabelValues(kind, problem.name).Set(1)
+		return problem, nil
+	}
+	r := NewReconciler(p, k.mgr.GetCache(), k.mgr.GetAPIReader(), k.mgr.GetClient(), k.pods, k.backfill.Wait, k.mgr.GetEventRecorder(FieldManager))
+	err := ctrl.NewControllerManagedBy(k.mgr).
+		Named(strings.ToLower(kind)).
+		Watches(newParent(p.GroupVersionKind()), handler.EnqueueRequestsFromMapFunc(r.self)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.parentOf)).
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: k.opts.MaxConcurrentReconciles,
+			// Names are unique per manager (the config rejects a kind
+			// given twice); the process-wide check would only refuse a
+			// second manager in the same process, as tests start.
+			SkipNameValidation: ptr.To(true),
+			// A first list of many pods can take longer than the
+			// default two minutes; no status is written before it ends.
+			CacheSyncTimeout: 10 * time.Minute,
+			// Errors that need a change elsewhere (a CRD that does not
+			// declare a field yet) are retried at least once a minute.
+			RateLimiter: workqueue.NewTypedMaxOfRateLimiter(
+				workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, time.Minute),
+				&workqueue.TypedBucketRateLimiter[reconcile.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+			),
+		}).
+		Complete(r)
 	if err != nil {
-		return "not-served", fmt.Errorf("the API server does not serve %s: %w", p.GroupVersionKind(), err)
+		return nil, fmt.Errorf("creating the controller of %s: %w", kind, err)
+	}
+	kindProblems.DeletePartialMatch(prometheus.Labels{"kind": kind})
+	return nil, nil
+}
+
+// retry checks the pending kinds again, with backoff, until each is served
+// or ctx is done.
+func (k *kinds) retry(ctx context.Context, pending []config.Parent) {
+	log := ctrl.LoggerFrom(ctx)
+	for wait := 2 * time.Second; len(pending) > 0; wait = min(2*wait, time.Minute) {
+		if !sleep(ctx, wait) {
+			return
+		}
+		still := pending[:0]
+		for _, p := range pending {
+			problem, err := k.serve(p)
+			switch {
+			case err != nil:
+				log.Error(err, "Parent kind cannot be served", "kind", p.GroupKind().String())
+				still = append(still, p)
+			case problem != nil:
+				if log := log.V(1); log.Enabled() {
+					log.Info("Parent kind still cannot be served", "kind", p.GroupKind().String(), "problem", problem.name, "reason", problem.err.Error())
+				}
+				still = append(still, p)
+			default:
+				log.Info("Parent kind is served now", "kind", p.GroupKind().String())
+			}
+		}
+		pending = still
+	}
+}
+
+// check confirms that the API server serves the parent kind with a status
+// subresource.
+func (k *kinds) check(p config.Parent) *kindProblem {
+	mapping, err := k.mgr.GetRESTMapper().RESTMapping(p.GroupKind(), p.Version)
+	if err != nil {
+		return &kindProblem{"not-served", fmt.Errorf("the API server does not serve %s: %w", p.GroupVersionKind(), err)}
 	}
 	resource := mapping.Resource.Resource
 	if p.Resource != "" && p.Resource != resource {
-		return "resource-mismatch", fmt.Errorf("%s is served as resource %q, not %q as configured", p.GroupVersionKind(), resource, p.Resource)
+		return &kindProblem{"resource-mismatch", fmt.Errorf("%s is served as resource %q, not %q as configured", p.GroupVersionKind(), resource, p.Resource)}
 	}
-	list, err := disco.ServerResourcesForGroupVersion(p.GroupVersionKind().GroupVersion().String())
+	list, err := k.disco.ServerResourcesForGroupVersion(p.GroupVersionKind().GroupVersion().String())
 	if err != nil {
-		return "not-served", fmt.Errorf("discovering %s: %w", p.GroupVersionKind().GroupVersion(), err)
+		return &kindProblem{"not-served", fmt.Errorf("discovering %s: %w", p.GroupVersionKind().GroupVersion(), err)}
 	}
 	if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource+"/status" }) {
-		return "no-status-subresource", fmt.Errorf("%s has no status subresource: enable it in the CRD (subresources: {status: {}})", p.GroupVersionKind())
+		return &kindProblem{"no-status-subresource", fmt.Errorf("%s has no status subresource: enable it in the CRD (subresources: {status: {}})", p.GroupVersionKind())}
 	}
-	return "", nil
+	return nil
 }

@@ -272,13 +272,6 @@ func TestParentKindProblems(t *testing.T) {
 	assert.Equal(t, 1.0, gauge(t, "tally_aggregator_parent_kind_problems", "Ghost.test.tally.dev", "not-served"))
 }
 
-func TestNoServableKindFailsToStart(t *testing.T) {
-	err := app.Run(context.Background(), &config.Config{Parents: []config.Parent{parentOf(noStatusPoolGVK, nil)}}, env.Config,
-		app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 1})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "no configured parent kind can be served")
-}
-
 // metric returns the metric of family name whose label values are values.
 func metric(t *testing.T, name string, values ...string) *dto.Metric {
 	t.Helper()

@@ -195,7 +195,7 @@ func truth(t *testing.T, ns string, uid types.UID) map[config.Count]int64 {
 	t.Helper()
 	var pods corev1.PodList
 	require.NoError(t, env.Client.List(context.Background(), &pods, client.InNamespace(ns)))
-	return framework.Truth(pods.Items, uid)
+	return framework.Truth(pods.Items, ns, uid)
 }
 
 // shown reads the mapped fields a parent shows; a missing field reads -1.

@@ -9,15 +9,17 @@ import (
 	"tally.dev/tally/pkg/keys"
 )
 
-// Truth counts a parent's pods straight from the specification's
-// definitions. Tests and the demo compare what tally writes with it,
-// computed from a fresh List; it shares no code with the aggregator.
-func Truth(pods []corev1.Pod, uid types.UID) map[config.Count]int64 {
+// Truth counts the pods of the parent with UID uid in namespace ns straight
+// from the specification's definitions: S(P) is the pods in P's namespace
+// whose controller ownerReference carries P's UID, labelled or not. Tests
+// and the demo compare what tally writes with it, computed from a fresh
+// List; it shares no code with the aggregator.
+func Truth(pods []corev1.Pod, ns string, uid types.UID) map[config.Count]int64 {
 	got := map[config.Count]int64{config.Completing: 0, config.Completed: 0, config.Active: 0, config.Unexpected: 0}
 	for i := range pods {
 		p := &pods[i]
 		ref := metav1.GetControllerOf(p)
-		if p.Labels[keys.ParentUID] != string(uid) || ref == nil || ref.UID != uid {
+		if p.Namespace != ns || ref == nil || ref.UID != uid {
 			continue
 		}
 		_, intent := p.Annotations[keys.CompletionIntent]

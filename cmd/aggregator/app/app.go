@@ -34,7 +34,17 @@ type Options struct {
 	// MaxConcurrentReconciles is how many parents of one kind are reconciled
 	// at once.
 	MaxConcurrentReconciles int
+	// BackfillInterval is the time between two backfill sweeps;
+	// DefaultBackfillInterval when zero.
+	BackfillInterval time.Duration
+	// QPS and Burst limit the requests to the API server; client-go's
+	// defaults when zero.
+	QPS   float32
+	Burst int
 }
+
+// DefaultBackfillInterval is the default time between two backfill sweeps.
+const DefaultBackfillInterval = 10 * time.Minute
 
 // LeaderElectionID names the Lease the aggregator replicas elect a leader
 // through.
@@ -47,6 +57,19 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	ctx = ctrl.LoggerInto(ctx, log)
 	if opts.MaxConcurrentReconciles < 1 {
 		return fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", opts.MaxConcurrentReconciles)
+	}
+	if opts.BackfillInterval == 0 {
+		opts.BackfillInterval = DefaultBackfillInterval
+	}
+	if opts.BackfillInterval < time.Second {
+		return fmt.Errorf("--backfill-interval must be at least 1s, not %s", opts.BackfillInterval)
+	}
+	restCfg = rest.CopyConfig(restCfg)
+	if opts.QPS > 0 {
+		restCfg.QPS = opts.QPS
+	}
+	if opts.Burst > 0 {
+		restCfg.Burst = opts.Burst
 	}
 	mgr, err := ctrl.NewManager(restCfg, manager.Options{
 		Cache:                         aggregate.CacheOptions(cfg.Parents),
@@ -61,7 +84,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
-	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggregate.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}); err != nil {
+	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggregate.Options{
+		MaxConcurrentReconciles: opts.MaxConcurrentReconciles, BackfillInterval: opts.BackfillInterval, VerifyOwner: cfg.VerifyOwner,
+	}); err != nil {
 		return err
 	}
 
@@ -72,7 +97,8 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		return err
 	}
 	start := time.Now()
-	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles)
+	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect,
+		"maxConcurrentReconciles", opts.MaxConcurrentReconciles, "backfillInterval", opts.BackfillInterval.String(), "verifyOwner", cfg.VerifyOwner)
 	err = mgr.Start(ctx)
 	log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
 	return err

@@ -66,7 +66,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 				return fmt.Errorf("watching parent kind %s: %w", p.GroupVersionKind(), err)
 			}
 		}
-		checker = mutate.NewReaderOwnerChecker(cfg.Parents, mgr.GetCache(), mgr.GetAPIReader())
+		checker = mutate.NewReaderOwnerChecker(cfg.Parents, mgr.GetCache(), mutate.PartialMetadata, mgr.GetAPIReader())
 	}
 	mgr.GetWebhookServer().Register(mutate.Path, mutate.NewHandler(mutate.NewMutator(cfg.Parents, checker), log))
 

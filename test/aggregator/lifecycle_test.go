@@ -1,0 +1,269 @@
+package aggregator
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/test/builder"
+)
+
+// crd returns the CRD of a namespaced test kind with the given status
+// fields (integers), with or without a status subresource.
+func crd(kind string, status bool, fields ...string) *apiextensionsv1.CustomResourceDefinition {
+	plural := strings.ToLower(kind) + "s"
+	props := map[string]apiextensionsv1.JSONSchemaProps{}
+	for _, f := range fields {
+		props[f] = apiextensionsv1.JSONSchemaProps{Type: "integer"}
+	}
+	version := apiextensionsv1.CustomResourceDefinitionVersion{
+		Name: "v1", Served: true, Storage: true,
+		Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+			Type: "object",
+			Properties: map[string]apiextensionsv1.JSONSchemaProps{
+				"spec":   {Type: "object", XPreserveUnknownFields: ptrTo(true)},
+				"status": {Type: "object", Properties: props},
+			},
+		}},
+	}
+	if status {
+		version.Subresources = &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}}
+	}
+	return &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: plural + ".late.tally.dev"},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: "late.tally.dev", Scope: apiextensionsv1.NamespaceScoped,
+			Names:    apiextensionsv1.CustomResourceDefinitionNames{Kind: kind, ListKind: kind + "List", Plural: plural, Singular: strings.ToLower(kind)},
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{version},
+		},
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func installCRD(t *testing.T, c *apiextensionsv1.CustomResourceDefinition) {
+	t.Helper()
+	require.NoError(t, env.Client.Create(context.Background(), c))
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), c) })
+	waitEstablished(t, c.Name)
+}
+
+func waitEstablished(t *testing.T, name string) {
+	t.Helper()
+	require.True(t, waitFor(30*time.Second, func() bool {
+		var got apiextensionsv1.CustomResourceDefinition
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &got); err != nil {
+			return false
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				return true
+			}
+		}
+		return false
+	}), "CRD %s never established", name)
+}
+
+// updateCRD changes a CRD's only version with change, retrying conflicts.
+func updateCRD(t *testing.T, name string, change func(*apiextensionsv1.CustomResourceDefinitionVersion)) {
+	t.Helper()
+	require.True(t, waitFor(10*time.Second, func() bool {
+		var c apiextensionsv1.CustomResourceDefinition
+		require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &c))
+		change(&c.Spec.Versions[0])
+		return env.Client.Update(context.Background(), &c) == nil
+	}))
+}
+
+func lateGVK(kind string) schema.GroupVersionKind {
+	return schema.GroupVersionKind{Group: "late.tally.dev", Version: "v1", Kind: kind}
+}
+
+// convergesKind waits until a parent of any kind shows its true counts.
+func convergesKind(t *testing.T, gvk schema.GroupVersionKind, ns, name string, uid types.UID, counts map[config.Count]string, timeout time.Duration) {
+	t.Helper()
+	var want, got map[config.Count]int64
+	ok := waitFor(timeout, func() bool {
+		all := truth(t, ns, uid)
+		want = map[config.Count]int64{}
+		for c := range counts {
+			want[c] = all[c]
+		}
+		got = shown(t, gvk, ns, name, counts)
+		return equal(want, got)
+	})
+	require.True(t, ok, "status of %s %s/%s: got %v, want %v", gvk.Kind, ns, name, got, want)
+}
+
+// TestKindsThatAppearLater: a kind whose CRD is installed 10 s after the
+// aggregator started, and a kind given a status subresource later, are
+// served without a restart, and their problem gauges clear.
+func TestKindsThatAppearLater(t *testing.T) {
+	ns := newNamespace(t)
+	late, noStatusYet := lateGVK("LatePool"), lateGVK("SubresourceLaterPool")
+	installCRD(t, crd(noStatusYet.Kind, false, "completing", "active"))
+	startAggregator(t, []config.Parent{workerPools, parentOf(late, twoCounts), parentOf(noStatusYet, twoCounts)}, nil)
+
+	require.True(t, waitFor(10*time.Second, func() bool {
+		return gauge(t, "tally_aggregator_parent_kind_problems", "LatePool.late.tally.dev", "not-served") == 1 &&
+			gauge(t, "tally_aggregator_parent_kind_problems", "SubresourceLaterPool.late.tally.dev", "no-status-subresource") == 1
+	}))
+	time.Sleep(10 * time.Second)
+
+	installCRD(t, crd(late.Kind, true, "completing", "active"))
+	uid := createParent(t, late, ns, "late")
+	createAll(t, mixedPods(late, ns, "late", uid, 6))
+	convergesKind(t, late, ns, "late", uid, twoCounts, 90*time.Second)
+	assert.Zero(t, gauge(t, "tally_aggregator_parent_kind_problems", "LatePool.late.tally.dev", "not-served"))
+
+	uid = createParent(t, noStatusYet, ns, "sub")
+	createAll(t, mixedPods(noStatusYet, ns, "sub", uid, 4))
+	updateCRD(t, "subresourcelaterpools.late.tally.dev", func(v *apiextensionsv1.CustomResourceDefinitionVersion) {
+		v.Subresources = &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}}
+	})
+	convergesKind(t, noStatusYet, ns, "sub", uid, twoCounts, 90*time.Second)
+	assert.Zero(t, gauge(t, "tally_aggregator_parent_kind_problems", "SubresourceLaterPool.late.tally.dev", "no-status-subresource"))
+}
+
+// TestSchemaFixedAfterStart: a CRD that does not declare a mapped field is
+// fixed while the aggregator runs; the idle parent gets its counts without
+// any change of its own.
+func TestSchemaFixedAfterStart(t *testing.T) {
+	ns := newNamespace(t)
+	gvk := lateGVK("FixedPool")
+	installCRD(t, crd(gvk.Kind, true, "completing"))
+	uid := createParent(t, gvk, ns, "idle")
+	createAll(t, mixedPods(gvk, ns, "idle", uid, 5))
+	startAggregator(t, []config.Parent{parentOf(gvk, twoCounts)}, nil)
+	require.True(t, waitFor(30*time.Second, func() bool {
+		return gauge(t, "tally_aggregator_parent_kind_problems", "FixedPool.late.tally.dev", "field-not-in-schema") == 1
+	}), "the missing field is not reported")
+
+	updateCRD(t, "fixedpools.late.tally.dev", func(v *apiextensionsv1.CustomResourceDefinitionVersion) {
+		status := v.Schema.OpenAPIV3Schema.Properties["status"]
+		status.Properties["active"] = apiextensionsv1.JSONSchemaProps{Type: "integer"}
+		v.Schema.OpenAPIV3Schema.Properties["status"] = status
+	})
+	convergesKind(t, gvk, ns, "idle", uid, twoCounts, 90*time.Second)
+	assert.Zero(t, gauge(t, "tally_aggregator_parent_kind_problems", "FixedPool.late.tally.dev", "field-not-in-schema"))
+}
+
+// TestOtherNamespaceIsNotCounted: a pod in another namespace whose
+// controller ownerReference carries the parent's UID is not the parent's.
+func TestOtherNamespaceIsNotCounted(t *testing.T) {
+	ns, other := newNamespace(t), newNamespace(t)
+	uid := createParent(t, builder.WorkerPoolGVK, ns, "pool")
+	createAll(t, mixedPods(builder.WorkerPoolGVK, ns, "pool", uid, 3))
+	createAll(t, mixedPods(builder.WorkerPoolGVK, other, "pool", uid, 4))
+	startAggregator(t, []config.Parent{workerPools}, nil)
+	converges(t, ns, "pool", uid)
+	assert.Equal(t, int64(3), sum(shown(t, builder.WorkerPoolGVK, ns, "pool", allCounts)))
+}
+
+// staleReader serves one parent as a cache that is behind would: the
+// version it held before the parent was deleted and created again.
+type staleReader struct{ parent *unstructured.Unstructured }
+
+func (s staleReader) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	s.parent.DeepCopyInto(obj.(*unstructured.Unstructured))
+	return nil
+}
+
+func (s staleReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	return nil
+}
+
+// reconcilerWith returns a reconciler of WorkerPools that sees parent
+// through a stale cache and the given pods.
+func reconcilerWith(t *testing.T, parent *unstructured.Unstructured, pods ...*aggregate.Pod) *aggregate.Reconciler {
+	t.Helper()
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+	for _, p := range pods {
+		require.NoError(t, indexer.Add(p))
+	}
+	return aggregate.NewReconciler(workerPools, staleReader{parent}, env.Client, env.Client, indexer,
+		func(context.Context) error { return nil }, events.NewFakeRecorder(10))
+}
+
+// TestRecreatedParentNeverGetsOldCounts: a parent deleted and created again
+// under the same name is never written with counts computed for the old
+// one, even by a reconciler whose cache still shows the old parent.
+func TestRecreatedParentNeverGetsOldCounts(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	old := builder.WorkerPool(ns, "pool", 0)
+	require.NoError(t, env.Client.Create(ctx, old))
+	reducer := aggregate.NewReducer([]config.Parent{workerPools})
+	var pods []*aggregate.Pod
+	for _, p := range mixedPods(builder.WorkerPoolGVK, ns, "pool", old.GetUID(), 5) {
+		pods = append(pods, reducer.Pod(p))
+	}
+
+	require.NoError(t, env.Client.Delete(ctx, old))
+	replacement := builder.WorkerPool(ns, "pool", 0)
+	require.NoError(t, env.Client.Create(ctx, replacement))
+
+	conflicts := counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev")
+	_, err := reconcilerWith(t, old, pods...).Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(old)})
+	require.NoError(t, err)
+	got := &unstructured.Unstructured{}
+	got.SetGroupVersionKind(builder.WorkerPoolGVK)
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(replacement), got))
+	_, found, _ := unstructured.NestedMap(got.Object, "status")
+	assert.False(t, found, "the replacement was written with the old parent's counts: %v", got.Object["status"])
+	assert.Equal(t, conflicts+1, counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev"))
+}
+
+// TestStatusNotFoundOfExistingParent: a 404 to the status apply of a
+// parent that exists (its status subresource was removed) is an error and
+// a problem gauge, not "parent gone".
+func TestStatusNotFoundOfExistingParent(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	gvk := lateGVK("LostStatusPool")
+	installCRD(t, crd(gvk.Kind, true, "completing"))
+	parent := builder.WorkerPool(ns, "pool", 0)
+	parent.SetGroupVersionKind(gvk)
+	require.NoError(t, env.Client.Create(ctx, parent))
+	updateCRD(t, "loststatuspools.late.tally.dev", func(v *apiextensionsv1.CustomResourceDefinitionVersion) { v.Subresources = nil })
+
+	p := parentOf(gvk, map[config.Count]string{config.Completing: "status.completing"})
+	r := aggregate.NewReconciler(p, staleReader{parent}, env.Client, env.Client,
+		toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers),
+		func(context.Context) error { return nil }, events.NewFakeRecorder(10))
+	var err error
+	require.True(t, waitFor(30*time.Second, func() bool {
+		_, err = r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(parent)})
+		return err != nil
+	}), "a 404 from an existing parent's status was taken as the parent being gone")
+	assert.Contains(t, err.Error(), "the parent exists but its status is not served")
+	assert.Equal(t, 1.0, gauge(t, "tally_aggregator_parent_kind_problems", "LostStatusPool.late.tally.dev", "status-not-found"))
+
+	// A parent that is really gone is not an error.
+	require.NoError(t, env.Client.Delete(ctx, parent))
+	_, err = r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(parent)})
+	assert.NoError(t, err)
+}
+
+func sum(counts map[config.Count]int64) int64 {
+	var n int64
+	for _, v := range counts {
+		n += v
+	}
+	return n
+}

@@ -1,0 +1,170 @@
+package completeness
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+)
+
+// TestInstallIntoRunningCluster: 3 parents with 200 pods each exist before
+// tally (no webhook registered, no aggregator). Once both are installed,
+// every value the aggregator ever writes equals the truth, the first
+// included, and every pod ends up stamped.
+func TestInstallIntoRunningCluster(t *testing.T) {
+	ns := namespace(t)
+	names := []string{"p0", "p1", "p2"}
+	uids := map[string]types.UID{}
+	var pods []*corev1.Pod
+	for _, name := range names {
+		uids[name] = createPool(t, ns, name)
+		pods = append(pods, podsOf(ns, name, uids[name], 0, 200)...)
+	}
+	createAll(t, env.Client, pods)
+	require.Len(t, unstamped(t, ns), 600)
+
+	w := newWebhook(t)
+	w.start(t)
+	w.register(t, ns, admissionregistrationv1.Fail)
+	written := record(t, ns)
+	startAggregator(t, time.Hour, false)
+
+	for _, name := range names {
+		converges(t, ns, name, uids[name], 60*time.Second)
+	}
+	assert.Empty(t, unstamped(t, ns))
+	for _, name := range names {
+		want := truth(t, ns, uids[name])
+		got := written.of(name)
+		require.NotEmpty(t, got, name)
+		for i, g := range got {
+			assert.Equal(t, want, g, "status write %d of %s", i, name)
+		}
+	}
+}
+
+// TestOutageUnderIgnore: pods admitted unstamped while the webhook is down
+// under failurePolicy Ignore are counted within one backfill interval.
+func TestOutageUnderIgnore(t *testing.T) {
+	ns := namespace(t)
+	w := newWebhook(t)
+	w.start(t)
+	w.register(t, ns, admissionregistrationv1.Ignore)
+	startAggregator(t, 3*time.Second, false)
+
+	uid := createPool(t, ns, "pool")
+	createAll(t, env.Client, podsOf(ns, "pool", uid, 0, 10))
+	converges(t, ns, "pool", uid, 30*time.Second)
+
+	w.stop()
+	createAll(t, env.Client, podsOf(ns, "pool", uid, 10, 50))
+	require.Len(t, unstamped(t, ns), 50, "pods admitted while the webhook is down are not stamped")
+	w.start(t)
+
+	converges(t, ns, "pool", uid, 15*time.Second)
+	assert.Empty(t, unstamped(t, ns))
+	assert.Equal(t, int64(60), sum(truth(t, ns, uid)))
+}
+
+// TestOutageUnderFailAtStart: with failurePolicy Fail and the webhook down,
+// the aggregator still stamps the pods that predate the registration: its
+// own requests do not go through the webhook.
+func TestOutageUnderFailAtStart(t *testing.T) {
+	ns := namespace(t)
+	uid := createPool(t, ns, "pool")
+	createAll(t, env.Client, podsOf(ns, "pool", uid, 0, 20))
+
+	w := newWebhook(t) // registered, never started
+	w.register(t, ns, admissionregistrationv1.Fail)
+	err := env.Client.Create(context.Background(), podsOf(ns, "pool", uid, 20, 1)[0])
+	require.Error(t, err, "the webhook is down under Fail: a tracked pod is refused")
+
+	startAggregator(t, time.Hour, false)
+	converges(t, ns, "pool", uid, 60*time.Second)
+	assert.Empty(t, unstamped(t, ns))
+}
+
+// TestSweepVerifiesOwners: with verifyOwner the sweep stamps only pods
+// whose owner exists with that UID, and reports the others.
+func TestSweepVerifiesOwners(t *testing.T) {
+	ns := namespace(t)
+	uid := createPool(t, ns, "pool")
+	createAll(t, env.Client, podsOf(ns, "pool", uid, 0, 5))
+	createAll(t, env.Client, podsOf(ns, "ghost", "6d1e5b3c-0000-4000-8000-000000000000", 0, 3))
+
+	startAggregator(t, time.Hour, true)
+	converges(t, ns, "pool", uid, 60*time.Second)
+	assert.ElementsMatch(t, []string{"ghost-000", "ghost-001", "ghost-002"}, unstamped(t, ns))
+	require.Eventually(t, func() bool { return gauge(t, "tally_aggregator_unstamped_pods") == 3 }, 10*time.Second, 100*time.Millisecond)
+}
+
+// TestPolicyFencesTheAggregator: the webhook is not called for the
+// aggregator's requests; the chart's policy lets it change nothing but
+// tally's identity keys, and only to the pod's controller.
+func TestPolicyFencesTheAggregator(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	uid := createPool(t, ns, "pool")
+	pod := podsOf(ns, "pool", uid, 1, 1)[0]
+	require.NoError(t, env.Client.Create(ctx, pod))
+	aggregator, err := client.New(aggregatorConfig, client.Options{})
+	require.NoError(t, err)
+
+	tests := []struct {
+		name   string
+		patch  string
+		denied string
+	}{
+		{"another label", `{"metadata":{"labels":{"app":"x"}}}`, "may change only tally.dev/ labels and annotations"},
+		{"a foreign parent", `{"metadata":{"labels":{"tally.dev/parent-uid":"not-the-controller"}}}`, "only to the pod's controller ownerReference"},
+		{"the intent", `{"metadata":{"annotations":{"tally.dev/completion-intent":null}}}`, "may not set or change a completion intent"},
+		{"the spec", `{"spec":{"activeDeadlineSeconds":5}}`, "may not change a pod's owners, finalizers or spec"},
+		{"its identity", fmt.Sprintf(`{"metadata":{"labels":{"tally.dev/parent-uid":%q,"tally.dev/parent-name":"pool"},"annotations":{"tally.dev/parent":"WorkerPool.example.tally.dev/pool"}}}`, uid), ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := aggregator.Patch(ctx, pod.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(tc.patch)))
+			if tc.denied == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.denied)
+		})
+	}
+	got := &corev1.Pod{}
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pod), got))
+	assert.Equal(t, string(uid), got.Labels[keys.ParentUID])
+	assert.NotContains(t, got.Labels, "app")
+}
+
+func sum(counts map[config.Count]int64) int64 {
+	var n int64
+	for _, v := range counts {
+		n += v
+	}
+	return n
+}
+
+func gauge(t *testing.T, name string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
+}
