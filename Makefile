@@ -98,6 +98,8 @@ bench: envtest-assets ## Run the benchmarks and the aggregator bench program (fi
 	go test ./pkg/aggregate -run '^$$' -bench . -benchmem -count $(BENCH_COUNT)
 	@echo ">> aggregator against a real API server"
 	go run ./test/bench
+	@echo ">> backfill sweep over 10,000 pods"
+	go run ./test/bench -scenario sweep
 
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
