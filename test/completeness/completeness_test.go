@@ -19,9 +19,10 @@ import (
 )
 
 // TestInstallIntoRunningCluster: 3 parents with 200 pods each exist before
-// tally (no webhook registered, no aggregator). Once both are installed,
-// every value the aggregator ever writes equals the truth, the first
-// included, and every pod ends up stamped.
+// tally (no webhook registered, no aggregator), 5 of p0's pods with a label
+// a client forged for p1. Once both are installed, every value the
+// aggregator ever writes equals the truth, the first included, and every
+// pod ends up stamped with its own controller.
 func TestInstallIntoRunningCluster(t *testing.T) {
 	ns := namespace(t)
 	names := []string{"p0", "p1", "p2"}
@@ -30,6 +31,9 @@ func TestInstallIntoRunningCluster(t *testing.T) {
 	for _, name := range names {
 		uids[name] = createPool(t, ns, name)
 		pods = append(pods, podsOf(ns, name, uids[name], 0, 200)...)
+	}
+	for _, p := range pods[:5] {
+		p.Labels = map[string]string{keys.ParentUID: string(uids["p1"])}
 	}
 	createAll(t, env.Client, pods)
 	require.Len(t, unstamped(t, ns), 600)
