@@ -18,6 +18,7 @@ func main() {
 	common.Bind(flag.CommandLine, ":8080")
 	flag.BoolVar(&opts.LeaderElect, "leader-elect", false, "Elect one active replica through a Lease, so that several replicas can run.")
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; the pod's own namespace when empty.")
+	flag.StringVar(&opts.LeaderElectionID, "leader-election-id", app.DefaultLeaderElectionID, "Name of the leader election Lease; replicas of one installation must share it, two installations in one namespace must not.")
 	flag.DurationVar(&opts.BackfillInterval, "backfill-interval", app.DefaultBackfillInterval, "Time between two sweeps that stamp the pods the webhook never saw (created before tally, or while the webhook was unreachable); one also runs at start-up, before the first status write.")
 	qps := flag.Float64("kube-api-qps", 50, "Requests per second the aggregator may send to the API server (status applies, and pod stamps during a backfill sweep).")
 	flag.IntVar(&opts.Burst, "kube-api-burst", 100, "Requests the aggregator may send to the API server in a burst above --kube-api-qps.")

@@ -78,10 +78,12 @@ func Main(name string, run func() error) {
 }
 
 // AddReadyWhenCachesSynced makes mgr's /readyz report not ready until the
-// manager's caches have synced.
+// manager's caches have synced. It does so on every replica, whether or not
+// it holds the leader lease: a standby whose caches are warm is ready to
+// take over, and a rollout must not wait on a lease the old pod holds.
 func AddReadyWhenCachesSynced(mgr manager.Manager) error {
 	var synced atomic.Bool
-	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+	if err := mgr.Add(everyReplica(func(ctx context.Context) error {
 		if mgr.GetCache().WaitForCacheSync(ctx) {
 			synced.Store(true)
 			mgr.GetLogger().Info("Caches synced")
@@ -97,3 +99,10 @@ func AddReadyWhenCachesSynced(mgr manager.Manager) error {
 		return nil
 	})
 }
+
+// everyReplica is a runnable that runs whether or not the replica leads.
+type everyReplica func(context.Context) error
+
+func (f everyReplica) Start(ctx context.Context) error { return f(ctx) }
+
+func (everyReplica) NeedLeaderElection() bool { return false }

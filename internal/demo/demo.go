@@ -38,6 +38,7 @@ import (
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -84,7 +85,7 @@ type Demo struct {
 	// rng drives the disruptions, kubeletRNG the kubelet's delays.
 	rng, kubeletRNG *rand.Rand
 
-	webhook, aggregator *process
+	webhook, aggregator *process.Process
 	aggregatorMetrics   string
 	stopOperator        context.CancelFunc
 	operatorDone        chan error
@@ -210,13 +211,13 @@ func (d *Demo) startWebhook(ctx context.Context) (*devcert.CA, int, error) {
 		return nil, 0, err
 	}
 	d.say("starting %s (port %d, certificates in %s)", filepath.Join(d.opts.BinDir, "webhook"), port, certDir)
-	d.webhook, err = startProcess("webhook", filepath.Join(d.opts.BinDir, "webhook"), d.logDir,
+	d.webhook, err = process.Start("webhook", filepath.Join(d.opts.BinDir, "webhook"), d.logDir,
 		"--config", d.opts.ConfigFile, "--kubeconfig", d.kubeconfig, "--cert-dir", certDir,
 		"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--metrics-bind-address", "0", "--health-probe-bind-address", probe)
 	if err != nil {
 		return nil, 0, err
 	}
-	return ca, port, d.webhook.waitReady(ctx, "http://"+probe+"/readyz")
+	return ca, port, d.webhook.WaitReady(ctx, "http://"+probe+"/readyz")
 }
 
 // registerWebhook registers the webhook as the chart does, with the same
@@ -242,18 +243,18 @@ func (d *Demo) StartAggregator(ctx context.Context) error {
 		return err
 	}
 	d.say("starting %s", filepath.Join(d.opts.BinDir, "aggregator"))
-	d.aggregator, err = startProcess("aggregator", filepath.Join(d.opts.BinDir, "aggregator"), d.logDir,
+	d.aggregator, err = process.Start("aggregator", filepath.Join(d.opts.BinDir, "aggregator"), d.logDir,
 		"--config", d.opts.ConfigFile, "--kubeconfig", d.aggregatorKubeconfig,
 		"--metrics-bind-address", d.aggregatorMetrics, "--health-probe-bind-address", probe)
 	if err != nil {
 		return err
 	}
-	return d.aggregator.waitReady(ctx, "http://"+probe+"/readyz")
+	return d.aggregator.WaitReady(ctx, "http://"+probe+"/readyz")
 }
 
 // StopAggregator stops the aggregator process.
 func (d *Demo) StopAggregator() error {
-	err := d.aggregator.stop()
+	err := d.aggregator.Stop()
 	d.aggregator = nil
 	return err
 }
@@ -298,7 +299,7 @@ func (d *Demo) Stop() error {
 		d.stopOperator()
 		errs = append(errs, <-d.operatorDone)
 	}
-	errs = append(errs, d.aggregator.stop(), d.webhook.stop())
+	errs = append(errs, d.aggregator.Stop(), d.webhook.Stop())
 	if d.env != nil {
 		errs = append(errs, d.env.Stop())
 	}
@@ -309,9 +310,9 @@ func (d *Demo) Stop() error {
 // started, running or not.
 func (d *Demo) Processes() []int {
 	var pids []int
-	for _, p := range []*process{d.webhook, d.aggregator} {
+	for _, p := range []*process.Process{d.webhook, d.aggregator} {
 		if p != nil {
-			pids = append(pids, p.cmd.Process.Pid)
+			pids = append(pids, p.Pid())
 		}
 	}
 	return pids

@@ -2,6 +2,7 @@ package aggregate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -47,6 +48,8 @@ type Backfill struct {
 	pods     toolscache.Indexer
 	synced   func(context.Context) bool
 	interval time.Duration
+	// mayWrite, when set, tells whether this replica may still write.
+	mayWrite func() bool
 	log      logr.Logger
 	// done is closed once the first sweep's stamps are in the cache.
 	done chan struct{}
@@ -152,6 +155,9 @@ type sweep struct {
 }
 
 func (s *sweep) run(ctx context.Context) error {
+	if s.mayWrite != nil && !s.mayWrite() {
+		return errors.New("this replica's leader lease may have passed to another replica")
+	}
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(podListGVK)
 	opts := []client.ListOption{client.MatchingLabelsSelector{Selector: unlabelled}, client.Limit(BackfillPageSize)}

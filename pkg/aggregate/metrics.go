@@ -31,6 +31,10 @@ var (
 		Name: "tally_aggregator_apply_conflicts_total",
 		Help: "Applies refused because the parent changed since the cache showed it (expected under load, and from a deposed leader); the parent is counted again, by parent kind.",
 	}, []string{"kind"})
+	appliesFenced = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_applies_fenced_total",
+		Help: "Applies not sent because this replica's leader lease may have passed to another replica, by parent kind.",
+	}, []string{"kind"})
 	kindProblems = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tally_aggregator_parent_kind_problems",
 		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, no-status-subresource, resource-mismatch, field-not-in-schema, status-not-found).",
@@ -59,7 +63,7 @@ var (
 var changes = newPending()
 
 func init() {
-	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, kindProblems,
+	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, appliesFenced, kindProblems,
 		podsStamped, unstampedPods, backfillSweeps, backfillDuration,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",

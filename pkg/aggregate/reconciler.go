@@ -32,40 +32,46 @@ type Reconciler struct {
 	gvk    schema.GroupVersionKind
 	kind   string
 	fields []config.Field
-	// parents reads parents from the informer cache; live from the API
-	// server.
-	parents, live client.Reader
-	// writer sends the server-side applies.
-	writer client.Client
-	// backfilled waits until the start-up backfill's stamps are cached.
-	backfilled func(context.Context) error
-	// pods is the shared pod informer's indexer.
-	pods     toolscache.Indexer
-	recorder events.EventRecorder
+	Deps
 	// The kind's counters, resolved once.
-	reconciled, applied, skipped, failed, conflicts prometheus.Counter
+	reconciled, applied, skipped, failed, conflicts, fenced prometheus.Counter
+}
+
+// Deps are what a Reconciler reads from and writes to.
+type Deps struct {
+	// Parents reads parents from the informer cache; Live from the API
+	// server (when it answers an apply with 404).
+	Parents, Live client.Reader
+	// Writer sends the server-side applies.
+	Writer client.Client
+	// Pods is the shared pod informer's indexer (with Indexers).
+	Pods toolscache.Indexer
+	// Backfilled waits until the start-up backfill's stamps are cached:
+	// nothing is written before.
+	Backfilled func(context.Context) error
+	// MayWrite, when set, tells whether this replica may still write (it
+	// holds the leader lease); a parent is not written while it says no.
+	MayWrite func() bool
+	Recorder events.EventRecorder
 }
 
 var _ reconcile.Reconciler = (*Reconciler)(nil)
 
-// NewReconciler returns the reconciler of one parent kind. It reads
-// parents from the cache parents, and from live when the API server answers
-// an apply with 404. It writes nothing before backfilled returns.
-func NewReconciler(parent config.Parent, parents, live client.Reader, writer client.Client, pods toolscache.Indexer, backfilled func(context.Context) error, recorder events.EventRecorder) *Reconciler {
+// NewReconciler returns the reconciler of one parent kind.
+func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	kind := parent.GroupKind().String()
 	return &Reconciler{
-		gvk: parent.GroupVersionKind(), kind: kind, fields: parent.Fields(),
-		parents: parents, live: live, writer: writer, pods: pods, backfilled: backfilled, recorder: recorder,
+		gvk: parent.GroupVersionKind(), kind: kind, fields: parent.Fields(), Deps: deps,
 		reconciled: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
-		conflicts: applyConflicts.WithLabelValues(kind),
+		conflicts: applyConflicts.WithLabelValues(kind), fenced: appliesFenced.WithLabelValues(kind),
 	}
 }
 
 // Reconcile recomputes one parent's counts from the cached pods and applies
 // the mapped fields whose values differ from what the parent shows.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	if r.backfilled(ctx) != nil {
+	if r.Backfilled(ctx) != nil {
 		// Shutting down before the start-up backfill completed.
 		return reconcile.Result{}, nil
 	}
@@ -74,10 +80,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 	parent := &unstructured.Unstructured{}
 	parent.SetGroupVersionKind(r.gvk)
-	if err := r.parents.Get(ctx, req.NamespacedName, parent); err != nil {
+	if err := r.Parents.Get(ctx, req.NamespacedName, parent); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	pods, err := PodsOf(r.pods, parent.GetUID())
+	pods, err := PodsOf(r.Pods, parent.GetUID())
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -85,6 +91,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if !r.differs(parent, counts) {
 		r.skipped.Inc()
 		return reconcile.Result{}, nil
+	}
+	if r.MayWrite != nil && !r.MayWrite() {
+		// A deposed leader that has not noticed yet: the new leader
+		// writes.
+		r.fenced.Inc()
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
 	return r.apply(ctx, parent, counts)
 }
@@ -140,7 +152,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
 		}
 	}
-	err := r.writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership)
+	err := r.Writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership)
 	switch {
 	case err == nil:
 		r.applied.Inc()
@@ -175,7 +187,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 func (r *Reconciler) notFound(ctx context.Context, parent *unstructured.Unstructured, applyErr error) error {
 	key := client.ObjectKeyFromObject(parent)
 	live := mutate.PartialMetadata(r.gvk)
-	err := r.live.Get(ctx, key, live)
+	err := r.Live.Get(ctx, key, live)
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil
@@ -200,7 +212,7 @@ func (r *Reconciler) reportSchema(ctx context.Context, parent *unstructured.Unst
 	for _, f := range r.fields {
 		paths = append(paths, strings.Join(f.Path, "."))
 	}
-	r.recorder.Eventf(parent, nil, corev1.EventTypeWarning, "StatusFieldNotInSchema", "ApplyCounts",
+	r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "StatusFieldNotInSchema", "ApplyCounts",
 		"tally cannot write the counts: the schema of %s must declare %s (%v)", r.kind, strings.Join(paths, ", "), err)
 }
 

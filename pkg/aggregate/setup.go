@@ -62,6 +62,9 @@ type Options struct {
 	// VerifyOwner makes the backfill confirm a pod's owner before stamping
 	// it, as the webhook does with verifyOwner.
 	VerifyOwner bool
+	// MayWrite, when set, tells whether this replica may still write: with
+	// leader election, whether it surely still holds the lease.
+	MayWrite func() bool
 }
 
 // Setup adds the pod index, the backfill sweep and one controller per
@@ -97,6 +100,7 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	log := ctrl.LoggerFrom(ctx)
 	backfill := NewBackfill(mutate.NewMutator(parents, checker), mgr.GetAPIReader(), mgr.GetClient(), indexed.GetIndexer(),
 		mgr.GetCache().WaitForCacheSync, opts.BackfillInterval, log.WithName("backfill"))
+	backfill.mayWrite = opts.MayWrite
 	if err := mgr.Add(backfill); err != nil {
 		return err
 	}
@@ -157,7 +161,10 @@ func (k *kinds) serve(p config.Parent) (*kindProblem, error) {
 		kindProblems.WithLabelValues(kind, problem.name).Set(1)
 		return problem, nil
 	}
-	r := NewReconciler(p, k.mgr.GetCache(), k.mgr.GetAPIReader(), k.mgr.GetClient(), k.pods, k.backfill.Wait, k.mgr.GetEventRecorder(FieldManager))
+	r := NewReconciler(p, Deps{
+		Parents: k.mgr.GetCache(), Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
+		Backfilled: k.backfill.Wait, MayWrite: k.opts.MayWrite, Recorder: k.mgr.GetEventRecorder(FieldManager),
+	})
 	err := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).
 		Watches(newParent(p.GroupVersionKind()), handler.EnqueueRequestsFromMapFunc(r.self)).

@@ -317,7 +317,7 @@ func TestLeaderElectionFailover(t *testing.T) {
 	elect := func(o *app.Options) { o.LeaderElect, o.LeaderElectionNamespace = true, leaseNS }
 	holder := func() string {
 		var lease coordinationv1.Lease
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: leaseNS, Name: app.LeaderElectionID}, &lease); err != nil {
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: leaseNS, Name: app.DefaultLeaderElectionID}, &lease); err != nil {
 			return ""
 		}
 		return ptr.Deref(lease.Spec.HolderIdentity, "")

@@ -196,8 +196,10 @@ func reconcilerWith(t *testing.T, parent *unstructured.Unstructured, pods ...*ag
 	for _, p := range pods {
 		require.NoError(t, indexer.Add(p))
 	}
-	return aggregate.NewReconciler(workerPools, staleReader{parent}, env.Client, env.Client, indexer,
-		func(context.Context) error { return nil }, events.NewFakeRecorder(10))
+	return aggregate.NewReconciler(workerPools, aggregate.Deps{
+		Parents: staleReader{parent}, Live: env.Client, Writer: env.Client, Pods: indexer,
+		Backfilled: func(context.Context) error { return nil }, Recorder: events.NewFakeRecorder(10),
+	})
 }
 
 // TestRecreatedParentNeverGetsOldCounts: a parent deleted and created again
@@ -243,9 +245,11 @@ func TestStatusNotFoundOfExistingParent(t *testing.T) {
 	updateCRD(t, "loststatuspools.late.tally.dev", func(v *apiextensionsv1.CustomResourceDefinitionVersion) { v.Subresources = nil })
 
 	p := parentOf(gvk, map[config.Count]string{config.Completing: "status.completing"})
-	r := aggregate.NewReconciler(p, staleReader{parent}, env.Client, env.Client,
-		toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers),
-		func(context.Context) error { return nil }, events.NewFakeRecorder(10))
+	r := aggregate.NewReconciler(p, aggregate.Deps{
+		Parents: staleReader{parent}, Live: env.Client, Writer: env.Client,
+		Pods:       toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers),
+		Backfilled: func(context.Context) error { return nil }, Recorder: events.NewFakeRecorder(10),
+	})
 	var err error
 	require.True(t, waitFor(30*time.Second, func() bool {
 		_, err = r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(parent)})

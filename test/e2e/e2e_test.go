@@ -7,8 +7,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -25,12 +23,7 @@ import (
 func buildBinaries(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	for _, name := range []string{"webhook", "aggregator"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
-		cmd.Dir = framework.Root()
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "building %s: %s", name, out)
-	}
+	require.NoError(t, framework.BuildBinaries(dir, "webhook", "aggregator"))
 	return dir
 }
 

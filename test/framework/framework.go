@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 
@@ -136,4 +137,16 @@ func Main(m interface{ Run() int }, opts Options, env **Env, setup ...func(*Env)
 		fmt.Fprintln(os.Stderr, err)
 	}
 	return code
+}
+
+// BuildBinaries builds the named commands of cmd/ into dir.
+func BuildBinaries(dir string, names ...string) error {
+	for _, name := range names {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
+		cmd.Dir = Root()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("building %s: %w: %s", name, err, out)
+		}
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -31,6 +32,8 @@ type Options struct {
 	// LeaderElectionNamespace holds the Lease; the pod's own namespace when
 	// empty and running in a cluster.
 	LeaderElectionNamespace string
+	// LeaderElectionID names the Lease; DefaultLeaderElectionID when empty.
+	LeaderElectionID string
 	// MaxConcurrentReconciles is how many parents of one kind are reconciled
 	// at once.
 	MaxConcurrentReconciles int
@@ -46,12 +49,13 @@ type Options struct {
 // DefaultBackfillInterval is the default time between two backfill sweeps.
 const DefaultBackfillInterval = 10 * time.Minute
 
-// LeaderElectionID names the Lease the aggregator replicas elect a leader
-// through.
-const LeaderElectionID = "tally-aggregator"
+// DefaultLeaderElectionID names the Lease the aggregator replicas elect a
+// leader through, unless told otherwise.
+const DefaultLeaderElectionID = "tally-aggregator"
 
 // Run runs the aggregator until ctx is done. /readyz reports ready once the
-// caches have synced; no status is written before that.
+// caches have synced, on the leader and on standbys alike; no status is
+// written before that, nor by a replica that may have lost the lease.
 func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options) error {
 	log := ctrl.Log.WithName("aggregator")
 	ctx = ctrl.LoggerInto(ctx, log)
@@ -71,22 +75,34 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if opts.Burst > 0 {
 		restCfg.Burst = opts.Burst
 	}
-	mgr, err := ctrl.NewManager(restCfg, manager.Options{
-		Cache:                         aggregate.CacheOptions(cfg.Parents),
-		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
-		HealthProbeBindAddress:        opts.ProbeAddr,
-		LeaderElection:                opts.LeaderElect,
-		LeaderElectionID:              LeaderElectionID,
-		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
-		LeaderElectionReleaseOnCancel: true,
-		Logger:                        log,
-	})
+	if opts.LeaderElectionID == "" {
+		opts.LeaderElectionID = DefaultLeaderElectionID
+	}
+	mgrOpts := manager.Options{
+		Cache:                  aggregate.CacheOptions(cfg.Parents),
+		Metrics:                metricsserver.Options{BindAddress: opts.MetricsAddr},
+		HealthProbeBindAddress: opts.ProbeAddr,
+		Logger:                 log,
+	}
+	aggOpts := aggregate.Options{
+		MaxConcurrentReconciles: opts.MaxConcurrentReconciles, BackfillInterval: opts.BackfillInterval, VerifyOwner: cfg.VerifyOwner,
+	}
+	if opts.LeaderElect {
+		lock, err := newFencedLock(restCfg, opts.LeaderElectionNamespace, opts.LeaderElectionID)
+		if err != nil {
+			return err
+		}
+		mgrOpts.LeaderElection = true
+		mgrOpts.LeaderElectionResourceLockInterface = lock
+		mgrOpts.LeaseDuration, mgrOpts.RenewDeadline, mgrOpts.RetryPeriod = ptr.To(LeaseDuration), ptr.To(RenewDeadline), ptr.To(RetryPeriod)
+		mgrOpts.LeaderElectionReleaseOnCancel = true
+		aggOpts.MayWrite = lock.Holds
+	}
+	mgr, err := ctrl.NewManager(restCfg, mgrOpts)
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
-	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggregate.Options{
-		MaxConcurrentReconciles: opts.MaxConcurrentReconciles, BackfillInterval: opts.BackfillInterval, VerifyOwner: cfg.VerifyOwner,
-	}); err != nil {
+	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggOpts); err != nil {
 		return err
 	}
 
@@ -97,7 +113,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		return err
 	}
 	start := time.Now()
-	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect,
+	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect, "leaderElectionID", opts.LeaderElectionID,
 		"maxConcurrentReconciles", opts.MaxConcurrentReconciles, "backfillInterval", opts.BackfillInterval.String(), "verifyOwner", cfg.VerifyOwner)
 	err = mgr.Start(ctx)
 	log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())

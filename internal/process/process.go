@@ -1,4 +1,6 @@
-package demo
+// Package process runs tally's binaries as child processes, for the demo and
+// the suites that need real processes (signals, restarts, fail-over).
+package process
 
 import (
 	"context"
@@ -12,16 +14,18 @@ import (
 	"time"
 )
 
-// process is one of tally's binaries, run as a child process whose output
+// Process is one of tally's binaries, run as a child process whose output
 // goes to a log file.
-type process struct {
+type Process struct {
 	name    string
 	cmd     *exec.Cmd
 	logPath string
 	done    chan error
 }
 
-func startProcess(name, bin, logDir string, args ...string) (*process, error) {
+// Start runs bin with args as the child process name, its output appended to
+// logDir/<name>.log.
+func Start(name, bin, logDir string, args ...string) (*Process, error) {
 	logPath := filepath.Join(logDir, name+".log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -35,7 +39,7 @@ func startProcess(name, bin, logDir string, args ...string) (*process, error) {
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan error, 1)}
+	p := &Process{name: name, cmd: cmd, logPath: logPath, done: make(chan error, 1)}
 	go func() {
 		p.done <- cmd.Wait()
 		logFile.Close()
@@ -43,9 +47,9 @@ func startProcess(name, bin, logDir string, args ...string) (*process, error) {
 	return p, nil
 }
 
-// stop asks the process to exit (SIGTERM) and kills it if it has not after
+// Stop asks the process to exit (SIGTERM) and kills it if it has not after
 // a grace period.
-func (p *process) stop() error {
+func (p *Process) Stop() error {
 	if p == nil {
 		return nil
 	}
@@ -64,8 +68,8 @@ func (p *process) stop() error {
 	}
 }
 
-// waitReady polls url until it answers 200, the process exits or ctx ends.
-func (p *process) waitReady(ctx context.Context, url string) error {
+// WaitReady polls url until it answers 200, the process exits or ctx ends.
+func (p *Process) WaitReady(ctx context.Context, url string) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	for {
@@ -84,5 +88,25 @@ func (p *process) waitReady(ctx context.Context, url string) error {
 			return fmt.Errorf("%s not ready at %s: %w; see %s", p.name, url, ctx.Err(), p.logPath)
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+// Pid returns the process's ID.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// LogPath returns the path of the process's log file.
+func (p *Process) LogPath() string { return p.logPath }
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Exited reports whether the process has exited, and how.
+func (p *Process) Exited() (bool, error) {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return true, err
+	default:
+		return false, nil
 	}
 }

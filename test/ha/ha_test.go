@@ -1,0 +1,271 @@
+// Package ha runs tally's binaries the way the chart deploys them, as
+// separate processes against a real kube-apiserver: two aggregators with
+// leader election (readiness of the standby, fail-over after the leader is
+// killed, a leader paused past its lease that must not write when it
+// resumes), and two webhook replicas of which one is stopped under load.
+package ha
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	aggregatorapp "tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/internal/process"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+var (
+	env *framework.Env
+	// bin holds the built binaries; dir the config file and kubeconfigs.
+	bin, dir string
+)
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	var err error
+	if dir, err = os.MkdirTemp("", "tally-ha-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "bin")
+	code := framework.Main(m, framework.Options{}, &env, func(e *framework.Env) error {
+		if err := framework.BuildBinaries(bin, "webhook", "aggregator"); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(config), 0o600); err != nil {
+			return err
+		}
+		user, err := e.AggregatorIdentity()
+		if err != nil {
+			return err
+		}
+		if err := writeKubeconfig(user, "aggregator.kubeconfig"); err != nil {
+			return err
+		}
+		admin, err := e.AddUser(envtest.User{Name: "ha-admin", Groups: []string{"system:masters"}}, nil)
+		if err != nil {
+			return err
+		}
+		return writeKubeconfig(admin, "admin.kubeconfig")
+	})
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const config = `parents:
+  - group: example.tally.dev
+    version: v1
+    kind: WorkerPool
+    counts:
+      completing: status.completing
+      active: status.active
+`
+
+func writeKubeconfig(user *envtest.AuthenticatedUser, name string) error {
+	data, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, name), data, 0o600)
+}
+
+// aggregator is one aggregator process with leader election.
+type aggregator struct {
+	*process.Process
+	probe string
+}
+
+func startAggregator(t *testing.T, name, leaseNS string) *aggregator {
+	t.Helper()
+	port, err := framework.FreePort()
+	require.NoError(t, err)
+	probe := fmt.Sprintf("127.0.0.1:%d", port)
+	p, err := process.Start(name, filepath.Join(bin, "aggregator"), t.TempDir(),
+		"--config", filepath.Join(dir, "config.yaml"), "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
+		"--leader-elect", "--leader-election-namespace", leaseNS, "--leader-election-id", "tally-aggregator",
+		"--metrics-bind-address", "0", "--health-probe-bind-address", probe, "--backfill-interval", "1h")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = p.Signal(syscall.SIGCONT)
+		_ = p.Stop()
+		if t.Failed() {
+			log, _ := os.ReadFile(p.LogPath())
+			t.Logf("%s's log:\n%s", name, log)
+		}
+	})
+	return &aggregator{Process: p, probe: probe}
+}
+
+// leads reports whether the process has logged that it acquired the lease.
+func (a *aggregator) leads() bool {
+	log, err := os.ReadFile(a.LogPath())
+	return err == nil && strings.Contains(strings.ToLower(string(log)), "successfully acquired lease")
+}
+
+func (a *aggregator) waitReady(t *testing.T) {
+	t.Helper()
+	require.NoError(t, a.WaitReady(context.Background(), "http://"+a.probe+"/readyz"), "%s never became ready", a.LogPath())
+}
+
+// holder returns the lease's holder identity.
+func holder(t *testing.T, leaseNS string) string {
+	var lease coordinationv1.Lease
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: leaseNS, Name: "tally-aggregator"}, &lease); err != nil {
+		return ""
+	}
+	return ptr.Deref(lease.Spec.HolderIdentity, "")
+}
+
+// pool creates a WorkerPool with n running pods, labelled as the webhook
+// would.
+func pool(t *testing.T, ns string, n int) (types.UID, []*corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	p := builder.WorkerPool(ns, "pool", int64(n))
+	require.NoError(t, env.Client.Create(ctx, p))
+	var pods []*corev1.Pod
+	for i := range n {
+		pod := builder.Pod(ns, fmt.Sprintf("pool-%02d", i)).ControlledBy(builder.WorkerPoolGVK, "pool", p.GetUID()).
+			Label(keys.ParentUID, string(p.GetUID())).Build()
+		require.NoError(t, env.Client.Create(ctx, pod))
+		pods = append(pods, pod)
+	}
+	return p.GetUID(), pods
+}
+
+func markIntent(t *testing.T, pods []*corev1.Pod) {
+	t.Helper()
+	for _, p := range pods {
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Annotations = map[string]string{keys.CompletionIntent: "scale-down"}
+		require.NoError(t, env.Client.Patch(context.Background(), p, patch))
+	}
+}
+
+// completing reads the pool's status.completing; -1 when absent.
+func completing(t *testing.T, ns string) int64 {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(builder.WorkerPoolGVK)
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "pool"}, u))
+	v, found, _ := unstructured.NestedInt64(u.Object, "status", "completing")
+	if !found {
+		return -1
+	}
+	return v
+}
+
+func waitCompleting(t *testing.T, ns string, want int64, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	require.Eventually(t, func() bool { return completing(t, ns) == want }, timeout, 50*time.Millisecond,
+		"status.completing never became %d", want)
+	return time.Since(start)
+}
+
+// TestStandbyIsReadyAndTakesOver: with leader election both replicas report
+// ready (a rollout can complete), and when the leader is killed the
+// standby writes within the lease duration.
+func TestStandbyIsReadyAndTakesOver(t *testing.T) {
+	ns, err := env.Namespace(context.Background(), "ha")
+	require.NoError(t, err)
+	leaseNS, err := env.Namespace(context.Background(), "lease")
+	require.NoError(t, err)
+	_, pods := pool(t, ns, 12)
+
+	a := startAggregator(t, "a", leaseNS)
+	a.waitReady(t)
+	require.Eventually(t, a.leads, 30*time.Second, 100*time.Millisecond)
+	waitCompleting(t, ns, 0, 30*time.Second)
+	b := startAggregator(t, "b", leaseNS)
+	b.waitReady(t)
+	require.False(t, b.leads())
+
+	require.NoError(t, a.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	markIntent(t, pods[:4])
+	waitCompleting(t, ns, 4, aggregatorapp.LeaseDuration+2*aggregatorapp.RetryPeriod+15*time.Second)
+	failover := time.Since(killed)
+	t.Logf("fail-over: the standby wrote %.1fs after the leader was killed (lease duration %s, retry period %s)",
+		failover.Seconds(), aggregatorapp.LeaseDuration, aggregatorapp.RetryPeriod)
+	require.True(t, b.leads())
+}
+
+// TestDeposedLeaderCannotWrite: a leader paused past its lease (SIGSTOP)
+// resumes after a standby took over and the pods changed: none of the
+// values it computed from its stale caches reaches the parent, and it exits.
+func TestDeposedLeaderCannotWrite(t *testing.T) {
+	ctx := context.Background()
+	ns, err := env.Namespace(ctx, "ha")
+	require.NoError(t, err)
+	leaseNS, err := env.Namespace(ctx, "lease")
+	require.NoError(t, err)
+	_, pods := pool(t, ns, 20)
+
+	a := startAggregator(t, "a", leaseNS)
+	a.waitReady(t)
+	require.Eventually(t, a.leads, 30*time.Second, 100*time.Millisecond)
+	waitCompleting(t, ns, 0, 30*time.Second)
+	b := startAggregator(t, "b", leaseNS)
+	b.waitReady(t)
+	first := holder(t, leaseNS)
+
+	require.NoError(t, a.Signal(syscall.SIGSTOP))
+	require.Eventually(t, func() bool { h := holder(t, leaseNS); return h != "" && h != first }, 40*time.Second, 100*time.Millisecond,
+		"the standby never took the lease over")
+	markIntent(t, pods[:10])
+	waitCompleting(t, ns, 10, 30*time.Second)
+
+	dyn, err := dynamic.NewForConfig(env.Config)
+	require.NoError(t, err)
+	w, err := dyn.Resource(builder.WorkerPoolGVK.GroupVersion().WithResource("workerpools")).Namespace(ns).
+		Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=pool"})
+	require.NoError(t, err)
+	defer w.Stop()
+	var mu sync.Mutex
+	var seen []int64
+	go func() {
+		for ev := range w.ResultChan() {
+			if u, ok := ev.Object.(*unstructured.Unstructured); ok && ev.Type != watch.Deleted {
+				v, _, _ := unstructured.NestedInt64(u.Object, "status", "completing")
+				mu.Lock()
+				seen = append(seen, v)
+				mu.Unlock()
+			}
+		}
+	}()
+
+	require.NoError(t, a.Signal(syscall.SIGCONT))
+	require.Eventually(t, func() bool { exited, _ := a.Exited(); return exited }, 30*time.Second, 100*time.Millisecond,
+		"the deposed leader did not exit after it lost the lease")
+	time.Sleep(2 * time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	for i, v := range seen {
+		require.Equal(t, int64(10), v, "status.completing written after the old leader resumed, change %d of %v", i, seen)
+	}
+	require.Equal(t, int64(10), completing(t, ns))
+}
