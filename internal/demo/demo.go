@@ -37,8 +37,8 @@ import (
 
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/examples/workerpool/operator"
-	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/internal/process"
+	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"

@@ -28,9 +28,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"tally.dev/tally/certs/devcert"
 	aggregatorapp "tally.dev/tally/cmd/aggregator/app"
 	webhookapp "tally.dev/tally/cmd/webhook/app"
-	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
