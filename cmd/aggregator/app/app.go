@@ -69,6 +69,11 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		return fmt.Errorf("--backfill-interval must be at least 1s, not %s", opts.BackfillInterval)
 	}
 	restCfg = rest.CopyConfig(restCfg)
+	watch := newWatchMonitor(log)
+	watch.wrap(restCfg)
+	podWatchStale.Lock()
+	podWatchStale.monitor = watch
+	podWatchStale.Unlock()
 	if opts.QPS > 0 {
 		restCfg.QPS = opts.QPS
 	}

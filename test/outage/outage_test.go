@@ -1,0 +1,203 @@
+// Package outage cuts the aggregator off the API server (through a TCP proxy
+// the test controls) and checks that the stale window is visible: the
+// gauge tally_aggregator_pod_watch_stale_seconds grows while the pod watch
+// is not delivering, a log line says so when it breaks and when it recovers,
+// and the counts converge once the connection is back.
+package outage
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+var (
+	env  *framework.Env
+	logs syncBuffer
+)
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(io.MultiWriter(os.Stderr, &logs))))
+	os.Exit(framework.Main(m, framework.Options{}, &env))
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// proxy forwards TCP connections to the API server until it is cut.
+type proxy struct {
+	target string
+	l      net.Listener
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &proxy{target: target, l: l}
+	t.Cleanup(func() { l.Close(); p.cutOff() })
+	go p.serve()
+	return p
+}
+
+func (p *proxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(up, c); up.Close() }()
+		go func() { _, _ = io.Copy(c, up); c.Close() }()
+	}
+}
+
+// cutOff closes every connection and refuses new ones.
+func (p *proxy) cutOff() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *proxy) restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}
+
+func staleSeconds(t *testing.T) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == "tally_aggregator_pod_watch_stale_seconds" {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no tally_aggregator_pod_watch_stale_seconds")
+	return 0
+}
+
+func completing(t *testing.T, ns string) int64 {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(builder.WorkerPoolGVK)
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "pool"}, u))
+	v, found, _ := unstructured.NestedInt64(u.Object, "status", "completing")
+	if !found {
+		return -1
+	}
+	return v
+}
+
+func TestStaleWindowIsVisible(t *testing.T) {
+	ctx := context.Background()
+	ns, err := env.Namespace(ctx, "outage")
+	require.NoError(t, err)
+	pool := builder.WorkerPool(ns, "pool", 6)
+	require.NoError(t, env.Client.Create(ctx, pool))
+	var pods []*builder.PodBuilder
+	for i := range 6 {
+		pods = append(pods, builder.Pod(ns, fmt.Sprintf("pool-%d", i)).ControlledBy(builder.WorkerPoolGVK, "pool", pool.GetUID()).
+			Label(keys.ParentUID, string(pool.GetUID())))
+	}
+	for _, b := range pods {
+		require.NoError(t, env.Client.Create(ctx, b.Build()))
+	}
+
+	host, err := url.Parse(env.Config.Host)
+	require.NoError(t, err)
+	p := newProxy(t, host.Host)
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Host = "https://" + p.l.Addr().String()
+	cfg.ServerName = host.Hostname()
+	aggCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(aggCtx, &config.Config{Parents: []config.Parent{{
+			Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: config.DefaultCounts,
+		}}}, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2})
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
+	require.Zero(t, staleSeconds(t))
+
+	p.cutOff()
+	cut := time.Now()
+	for _, b := range pods[:3] {
+		pod := b.Build()
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod))
+		pod.Annotations = map[string]string{keys.CompletionIntent: "scale-down"}
+		require.NoError(t, env.Client.Update(ctx, pod))
+	}
+	require.Eventually(t, func() bool { return staleSeconds(t) >= 3 }, 20*time.Second, 100*time.Millisecond,
+		"the gauge does not show the pod watch as stale")
+	assert.Equal(t, int64(0), completing(t, ns), "the status cannot have followed the pods while cut off")
+	time.Sleep(5 * time.Second)
+	outage := time.Since(cut)
+
+	p.restore()
+	restored := time.Now()
+	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 60*time.Second, 50*time.Millisecond)
+	converged := time.Since(restored)
+	require.Eventually(t, func() bool { return staleSeconds(t) == 0 }, 30*time.Second, 50*time.Millisecond)
+	t.Logf("cut off for %.1fs; counts right %.2fs after the connection came back", outage.Seconds(), converged.Seconds())
+	assert.Contains(t, logs.String(), "Pod watch interrupted")
+	assert.Contains(t, logs.String(), "Pod watch delivering again")
+}
