@@ -4,6 +4,7 @@ package main
 
 import (
 	"flag"
+	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -18,6 +19,7 @@ func main() {
 	flag.StringVar(&opts.CertDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory holding tls.crt and tls.key; reloaded when they change.")
 	flag.IntVar(&opts.Port, "port", 9443, "Port the webhook serves TLS on.")
 	flag.StringVar(&opts.Host, "host", "", "Address the webhook listens on; empty for all.")
+	flag.DurationVar(&opts.ShutdownDelay, "shutdown-delay", 5*time.Second, "After SIGTERM, keep serving this long (reporting not ready, closing each connection after its answer) while the Service's endpoints drop this replica, so that no admission is refused during a rollout or a drain.")
 	command.Main("webhook", func() error {
 		cfg, restCfg, err := common.Setup()
 		if err != nil {

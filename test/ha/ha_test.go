@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,9 +31,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"tally.dev/tally/certs/devcert"
 	aggregatorapp "tally.dev/tally/cmd/aggregator/app"
 	"tally.dev/tally/internal/process"
+	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/builder"
 	"tally.dev/tally/test/framework"
 )
@@ -55,7 +59,7 @@ func TestMain(m *testing.M) {
 		if err := framework.BuildBinaries(bin, "webhook", "aggregator"); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(config), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(configFile), 0o600); err != nil {
 			return err
 		}
 		user, err := e.AggregatorIdentity()
@@ -75,7 +79,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-const config = `parents:
+const configFile = `parents:
   - group: example.tally.dev
     version: v1
     kind: WorkerPool
@@ -268,4 +272,89 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 		require.Equal(t, int64(10), v, "status.completing written after the old leader resumed, change %d of %v", i, seen)
 	}
 	require.Equal(t, int64(10), completing(t, ns))
+}
+
+// webhookReplica starts one webhook process serving certDir's certificate
+// on a free port; it returns the process and its address.
+func webhookReplica(t *testing.T, name, certDir string) (*process.Process, string) {
+	t.Helper()
+	port, err := framework.FreePort()
+	require.NoError(t, err)
+	probe, err := framework.FreePort()
+	require.NoError(t, err)
+	p, err := process.Start(name, filepath.Join(bin, "webhook"), t.TempDir(),
+		"--config", filepath.Join(dir, "config.yaml"), "--kubeconfig", filepath.Join(dir, "admin.kubeconfig"),
+		"--cert-dir", certDir, "--host", "127.0.0.1", "--port", fmt.Sprint(port), "--shutdown-delay", "3s",
+		"--metrics-bind-address", "0", "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probe))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = p.Stop()
+		if t.Failed() {
+			log, _ := os.ReadFile(p.LogPath())
+			t.Logf("%s's log:\n%s", name, log)
+		}
+	})
+	require.NoError(t, p.WaitReady(context.Background(), fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)))
+	return p, fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+// TestWebhookRolloutRefusesNothing: two webhook replicas behind one
+// address, as behind a Service; pods are created without pause under
+// failurePolicy Fail while one replica gets SIGTERM and its endpoint is
+// removed a second later. No pod is refused, and every pod is stamped.
+func TestWebhookRolloutRefusesNothing(t *testing.T) {
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "rollout-", Labels: map[string]string{"tally.dev/test": "rollout"}}}
+	require.NoError(t, env.Client.Create(ctx, ns))
+	parent := builder.WorkerPool(ns.Name, "pool", 0)
+	require.NoError(t, env.Client.Create(ctx, parent))
+
+	ca, err := devcert.NewCA("tally ha CA", time.Hour)
+	require.NoError(t, err)
+	pair, err := ca.Issue([]string{"127.0.0.1"}, time.Hour)
+	require.NoError(t, err)
+	certDir := t.TempDir()
+	require.NoError(t, pair.WriteDir(certDir))
+	first, firstAddr := webhookReplica(t, "webhook-0", certDir)
+	_, secondAddr := webhookReplica(t, "webhook-1", certDir)
+	service, err := framework.NewProxy(firstAddr, secondAddr)
+	require.NoError(t, err)
+	t.Cleanup(service.Close)
+
+	wh := mutate.Webhook([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}}, admissionregistrationv1.WebhookClientConfig{
+		URL: ptr.To("https://" + service.Addr() + mutate.Path), CABundle: ca.CertPEM,
+	}, framework.AggregatorUser)
+	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"tally.dev/test": "rollout"}}
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-rollout"}, Webhooks: []admissionregistrationv1.MutatingWebhook{wh}}
+	require.NoError(t, env.Client.Create(ctx, mwc))
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, mwc) })
+	time.Sleep(2 * time.Second)
+
+	var created, failed int
+	var failures []string
+	deadline := time.Now().Add(10 * time.Second)
+	stopAt, dropAt := time.Now().Add(3*time.Second), time.Now().Add(4*time.Second)
+	stopped, dropped := false, false
+	for i := 0; time.Now().Before(deadline); i++ {
+		if !stopped && time.Now().After(stopAt) {
+			require.NoError(t, first.Signal(syscall.SIGTERM))
+			stopped = true
+		}
+		if !dropped && time.Now().After(dropAt) {
+			service.SetBackends(secondAddr) // the endpoint is removed, late
+			dropped = true
+		}
+		pod := builder.Pod(ns.Name, fmt.Sprintf("pod-%04d", i)).ControlledBy(builder.WorkerPoolGVK, "pool", parent.GetUID()).Build()
+		if err := env.Client.Create(ctx, pod); err != nil {
+			failed++
+			failures = append(failures, err.Error())
+			continue
+		}
+		created++
+		require.Equal(t, string(parent.GetUID()), pod.Labels[keys.ParentUID], "pod %s not stamped", pod.Name)
+	}
+	t.Logf("%d pods created while a replica shut down, %d refused", created, failed)
+	require.Zero(t, failed, "refused: %v", failures)
+	exited, _ := first.Exited()
+	require.True(t, exited, "the stopped replica is still running after its shutdown delay")
 }

@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
 	"os"
 	"sync"
@@ -60,67 +59,6 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// proxy forwards TCP connections to the API server until it is cut.
-type proxy struct {
-	target string
-	l      net.Listener
-	mu     sync.Mutex
-	cut    bool
-	conns  []net.Conn
-}
-
-func newProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &proxy{target: target, l: l}
-	t.Cleanup(func() { l.Close(); p.cutOff() })
-	go p.serve()
-	return p
-}
-
-func (p *proxy) serve() {
-	for {
-		c, err := p.l.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns = append(p.conns, c, up)
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); up.Close() }()
-		go func() { _, _ = io.Copy(c, up); c.Close() }()
-	}
-}
-
-// cutOff closes every connection and refuses new ones.
-func (p *proxy) cutOff() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = true
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
-func (p *proxy) restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = false
-}
-
 func staleSeconds(t *testing.T) float64 {
 	t.Helper()
 	families, err := ctrlmetrics.Registry.Gather()
@@ -163,9 +101,11 @@ func TestStaleWindowIsVisible(t *testing.T) {
 
 	host, err := url.Parse(env.Config.Host)
 	require.NoError(t, err)
-	p := newProxy(t, host.Host)
+	p, err := framework.NewProxy(host.Host)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
 	cfg := rest.CopyConfig(env.Config)
-	cfg.Host = "https://" + p.l.Addr().String()
+	cfg.Host = "https://" + p.Addr()
 	cfg.ServerName = host.Hostname()
 	aggCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -178,7 +118,7 @@ func TestStaleWindowIsVisible(t *testing.T) {
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
 	require.Zero(t, staleSeconds(t))
 
-	p.cutOff()
+	p.CutOff()
 	cut := time.Now()
 	for _, b := range pods[:3] {
 		pod := b.Build()
@@ -192,7 +132,7 @@ func TestStaleWindowIsVisible(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	outage := time.Since(cut)
 
-	p.restore()
+	p.Restore()
 	restored := time.Now()
 	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 60*time.Second, 50*time.Millisecond)
 	converged := time.Since(restored)

@@ -7,7 +7,11 @@ package app
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
 
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,12 +36,21 @@ type Options struct {
 	Port int
 	// CertDir holds tls.crt and tls.key; they are reloaded when they change.
 	CertDir string
+	// ShutdownDelay is how long the webhook keeps serving after ctx is done
+	// (SIGTERM), not ready and closing each connection after its answer,
+	// while the Service's endpoints drop it.
+	ShutdownDelay time.Duration
 }
 
-// Run serves the webhook until ctx is done. /readyz reports ready once the
-// TLS server answers and, with verifyOwner, the owner cache has synced.
+// Run serves the webhook until ctx is done, and for opts.ShutdownDelay
+// after. /readyz reports ready once the TLS server answers and, with
+// verifyOwner, the owner cache has synced, and not ready again while it
+// drains.
 func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options) error {
 	log := ctrl.Log.WithName("webhook")
+	if opts.ShutdownDelay < 0 {
+		return fmt.Errorf("--shutdown-delay must not be negative, not %s", opts.ShutdownDelay)
+	}
 	server := webhook.NewServer(webhook.Options{
 		Host:    opts.Host,
 		Port:    opts.Port,
@@ -68,7 +81,16 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		}
 		checker = mutate.NewReaderOwnerChecker(cfg.Parents, mgr.GetCache(), mutate.PartialMetadata, mgr.GetAPIReader())
 	}
-	mgr.GetWebhookServer().Register(mutate.Path, mutate.NewHandler(mutate.NewMutator(cfg.Parents, checker), log))
+	var draining atomic.Bool
+	handler := mutate.NewHandler(mutate.NewMutator(cfg.Parents, checker), log)
+	mgr.GetWebhookServer().Register(mutate.Path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			// The API server opens a new connection for its next request,
+			// to a replica that stays.
+			w.Header().Set("Connection", "close")
+		}
+		handler.ServeHTTP(w, r)
+	}))
 
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
@@ -76,10 +98,35 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if err := mgr.AddReadyzCheck("webhook-server", server.StartedChecker()); err != nil {
 		return err
 	}
+	if err := mgr.AddReadyzCheck("not-draining", func(*http.Request) error {
+		if draining.Load() {
+			return errors.New("shutting down")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	// With verifyOwner, the owner cache; otherwise there is none to wait for.
 	if err := command.AddReadyWhenCachesSynced(mgr); err != nil {
 		return err
 	}
-	log.Info("Starting webhook", "path", mutate.Path, "port", opts.Port, "certDir", opts.CertDir, "verifyOwner", cfg.VerifyOwner, "parents", len(cfg.Parents))
-	return mgr.Start(ctx)
+	log.Info("Starting webhook", "path", mutate.Path, "port", opts.Port, "certDir", opts.CertDir, "verifyOwner", cfg.VerifyOwner,
+		"parents", len(cfg.Parents), "shutdownDelay", opts.ShutdownDelay.String())
+	mgrCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-mgrCtx.Done():
+			return
+		}
+		draining.Store(true)
+		log.Info("Shutting down: serving while the endpoints drop this replica", "for", opts.ShutdownDelay.String())
+		select {
+		case <-time.After(opts.ShutdownDelay):
+		case <-mgrCtx.Done():
+		}
+		stop()
+	}()
+	return mgr.Start(mgrCtx)
 }
