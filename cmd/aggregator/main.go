@@ -28,7 +28,7 @@ func main() {
 		if err != nil {
 			return err
 		}
-		opts.MetricsAddr, opts.ProbeAddr = common.MetricsAddr, common.ProbeAddr
+		opts.MetricsAddr, opts.ProbeAddr, opts.MetricsSecure = common.MetricsAddr, common.ProbeAddr, common.MetricsSecure
 		opts.QPS = float32(*qps)
 		return app.Run(ctrl.SetupSignalHandler(), cfg, restCfg, opts)
 	})

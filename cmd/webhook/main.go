@@ -25,7 +25,7 @@ func main() {
 		if err != nil {
 			return err
 		}
-		opts.MetricsAddr, opts.ProbeAddr = common.MetricsAddr, common.ProbeAddr
+		opts.MetricsAddr, opts.ProbeAddr, opts.MetricsSecure = common.MetricsAddr, common.ProbeAddr, common.MetricsSecure
 		return app.Run(ctrl.SetupSignalHandler(), cfg, restCfg, opts)
 	})
 }

@@ -16,6 +16,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"tally.dev/tally/pkg/config"
 )
@@ -28,6 +30,10 @@ type Common struct {
 	MetricsAddr string
 	// ProbeAddr is the address of /healthz and /readyz.
 	ProbeAddr string
+	// MetricsSecure serves metrics over HTTPS, to requesters that
+	// authenticate with a token the API server accepts and are allowed to
+	// get the non-resource URL /metrics.
+	MetricsSecure bool
 
 	zap zap.Options
 }
@@ -38,6 +44,7 @@ func (c *Common) Bind(fs *flag.FlagSet, defaultMetricsAddr string) {
 	fs.StringVar(&c.ConfigFile, "config", "", "Path to the tally configuration file (required).")
 	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", defaultMetricsAddr, "Address of the Prometheus metrics endpoint; 0 disables it.")
 	fs.StringVar(&c.ProbeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	fs.BoolVar(&c.MetricsSecure, "metrics-secure", false, "Serve metrics over HTTPS to requesters authorized (TokenReview and SubjectAccessReview) to get /metrics.")
 	c.zap = zap.Options{Development: false}
 	c.zap.BindFlags(fs)
 }
@@ -58,6 +65,17 @@ func (c *Common) Setup() (*config.Config, *rest.Config, error) {
 		return nil, nil, fmt.Errorf("connecting to the API server: %w", err)
 	}
 	return cfg, restCfg, nil
+}
+
+// MetricsOptions returns the metrics server options for the bind address
+// addr, served securely when secure is set.
+func MetricsOptions(addr string, secure bool) metricsserver.Options {
+	opts := metricsserver.Options{BindAddress: addr}
+	if secure {
+		opts.SecureServing = true
+		opts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return opts
 }
 
 // Main parses the command line, runs run and exits non-zero with its error.

@@ -9,11 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -215,4 +218,64 @@ func TestCertManagerManifests(t *testing.T) {
 	want, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Equal(t, string(want), got, "certs/cert-manager.yaml is stale; run `make golden`")
+}
+
+// TestHAValues: the PodDisruptionBudget is rendered only when a drain can
+// satisfy it, the priority class and the webhook's shutdown delay reach the
+// pods, and one Lease per release is named and granted alike.
+func TestHAValues(t *testing.T) {
+	pdb := func(set ...string) bool {
+		args := []string{"template", release, framework.Path("charts", "tally"), "--namespace", namespace}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		out, err := helm(args...)
+		require.NoError(t, err)
+		return strings.Contains(out, "kind: PodDisruptionBudget")
+	}
+	assert.True(t, pdb(), "2 replicas, minAvailable 1")
+	assert.False(t, pdb("webhook.replicas=1"), "1 replica, minAvailable 1: a drain could never evict it")
+	assert.True(t, pdb("webhook.replicas=1", "webhook.podDisruptionBudget.minAvailable=50%"))
+	assert.False(t, pdb("webhook.podDisruptionBudget.enabled=false"))
+
+	objs := objects(t, render(t, "two-parents.yaml"))
+	for _, name := range []string{"tally-webhook", "tally-aggregator"} {
+		var d appsv1.Deployment
+		require.True(t, find(t, objs, "Deployment", name, &d))
+		assert.Equal(t, "system-cluster-critical", d.Spec.Template.Spec.PriorityClassName, name)
+		assert.Contains(t, d.Spec.Template.Spec.Containers[0].Args, "--metrics-secure=false", name)
+	}
+	var webhook appsv1.Deployment
+	require.True(t, find(t, objs, "Deployment", "tally-webhook", &webhook))
+	assert.Contains(t, webhook.Spec.Template.Spec.Containers[0].Args, "--shutdown-delay=5s")
+	assert.Equal(t, int64(15), *webhook.Spec.Template.Spec.TerminationGracePeriodSeconds)
+
+	var aggregator appsv1.Deployment
+	require.True(t, find(t, objs, "Deployment", "tally-aggregator", &aggregator))
+	assert.Contains(t, aggregator.Spec.Template.Spec.Containers[0].Args, "--leader-election-id=tally-aggregator")
+	var lease rbacv1.Role
+	require.True(t, find(t, objs, "Role", "tally-aggregator-leader-election", &lease))
+	assert.Contains(t, lease.Rules[1].ResourceNames, "tally-aggregator")
+
+	var np networkingv1.NetworkPolicy
+	require.True(t, find(t, objs, "NetworkPolicy", "tally-webhook", &np))
+	require.Len(t, np.Spec.Ingress, 2)
+	assert.Equal(t, "webhook", np.Spec.Ingress[0].Ports[0].Port.String())
+	assert.False(t, find(t, objects(t, render(t)), "NetworkPolicy", "tally-webhook", &np), "off by default")
+}
+
+// TestSecureMetricsRBAC: with secure metrics (the default) both service
+// accounts may review tokens and access, and a reader role exists for the
+// scraper; without, neither is rendered.
+func TestSecureMetricsRBAC(t *testing.T) {
+	objs := objects(t, render(t))
+	var auth rbacv1.ClusterRoleBinding
+	require.True(t, find(t, objs, "ClusterRoleBinding", "tally-metrics-auth", &auth))
+	assert.ElementsMatch(t, []string{"tally-aggregator", "tally-webhook"}, []string{auth.Subjects[0].Name, auth.Subjects[1].Name})
+	var reader rbacv1.ClusterRole
+	require.True(t, find(t, objs, "ClusterRole", "tally-metrics-reader", &reader))
+	assert.Equal(t, []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}, reader.Rules)
+
+	insecure := objects(t, render(t, "two-parents.yaml"))
+	assert.False(t, find(t, insecure, "ClusterRole", "tally-metrics-reader", &reader))
 }

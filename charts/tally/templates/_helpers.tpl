@@ -122,3 +122,15 @@ base64 fields ca, crt and key.
 {{- end -}}
 {{- toYaml .Values.certificates.helm.generated -}}
 {{- end -}}
+
+{{/* Whole seconds of a Go duration made of h, m and s units (rounded up). */}}
+{{- define "tally.seconds" -}}
+{{- $d := . | toString -}}
+{{- $total := 0.0 -}}
+{{- range $part := regexFindAll "[0-9.]+(ms|h|m|s)" $d -1 -}}
+{{- $n := regexFind "[0-9.]+" $part | float64 -}}
+{{- $unit := regexReplaceAll "[0-9.]+" $part "" -}}
+{{- if eq $unit "h" }}{{ $total = addf $total (mulf $n 3600) }}{{ else if eq $unit "m" }}{{ $total = addf $total (mulf $n 60) }}{{ else if eq $unit "s" }}{{ $total = addf $total $n }}{{ else }}{{ $total = addf $total (divf $n 1000) }}{{ end -}}
+{{- end -}}
+{{- ceil $total | int -}}
+{{- end -}}

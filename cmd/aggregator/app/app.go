@@ -14,7 +14,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/aggregate"
@@ -27,6 +26,8 @@ type Options struct {
 	MetricsAddr string
 	// ProbeAddr is the address of /healthz and /readyz; "0" disables them.
 	ProbeAddr string
+	// MetricsSecure serves metrics over HTTPS to authorized requesters.
+	MetricsSecure bool
 	// LeaderElect makes replicas elect one writer through a Lease.
 	LeaderElect bool
 	// LeaderElectionNamespace holds the Lease; the pod's own namespace when
@@ -85,7 +86,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 	mgrOpts := manager.Options{
 		Cache:                  aggregate.CacheOptions(cfg.Parents),
-		Metrics:                metricsserver.Options{BindAddress: opts.MetricsAddr},
+		Metrics:                command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
 		HealthProbeBindAddress: opts.ProbeAddr,
 		Logger:                 log,
 	}

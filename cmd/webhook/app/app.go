@@ -17,7 +17,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"tally.dev/tally/internal/command"
@@ -31,6 +30,8 @@ type Options struct {
 	MetricsAddr string
 	// ProbeAddr is the address of /healthz and /readyz; "0" disables them.
 	ProbeAddr string
+	// MetricsSecure serves metrics over HTTPS to authorized requesters.
+	MetricsSecure bool
 	// Host and Port are where the webhook serves TLS.
 	Host string
 	Port int
@@ -63,7 +64,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		}},
 	})
 	mgr, err := ctrl.NewManager(restCfg, manager.Options{
-		Metrics:                metricsserver.Options{BindAddress: opts.MetricsAddr},
+		Metrics:                command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
 		HealthProbeBindAddress: opts.ProbeAddr,
 		WebhookServer:          server,
 		Logger:                 log,
