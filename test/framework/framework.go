@@ -15,6 +15,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -149,4 +151,19 @@ func BuildBinaries(dir string, names ...string) error {
 		}
 	}
 	return nil
+}
+
+// StatusCount reads the integer at path (such as "status", "completing") of
+// the parent gvk ns/name; -1 when it is absent.
+func (e *Env) StatusCount(ctx context.Context, gvk schema.GroupVersionKind, ns, name string, path ...string) (int64, error) {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, u); err != nil {
+		return 0, err
+	}
+	v, found, err := unstructured.NestedInt64(u.Object, path...)
+	if !found || err != nil {
+		return -1, nil
+	}
+	return v, nil
 }

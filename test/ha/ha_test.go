@@ -172,13 +172,8 @@ func markIntent(t *testing.T, pods []*corev1.Pod) {
 // completing reads the pool's status.completing; -1 when absent.
 func completing(t *testing.T, ns string) int64 {
 	t.Helper()
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(builder.WorkerPoolGVK)
-	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "pool"}, u))
-	v, found, _ := unstructured.NestedInt64(u.Object, "status", "completing")
-	if !found {
-		return -1
-	}
+	v, err := env.StatusCount(context.Background(), builder.WorkerPoolGVK, ns, "pool", "status", "completing")
+	require.NoError(t, err)
 	return v
 }
 
@@ -190,23 +185,33 @@ func waitCompleting(t *testing.T, ns string, want int64, timeout time.Duration) 
 	return time.Since(start)
 }
 
+// replicas creates a pool of n pods, starts aggregator a, waits until it
+// leads and wrote the counts, then starts aggregator b and waits until it is
+// ready: the standby is ready while a holds the lease.
+func replicas(t *testing.T, n int) (ns, leaseNS string, pods []*corev1.Pod, a, b *aggregator) {
+	t.Helper()
+	var err error
+	ns, err = env.Namespace(context.Background(), "ha")
+	require.NoError(t, err)
+	leaseNS, err = env.Namespace(context.Background(), "lease")
+	require.NoError(t, err)
+	_, pods = pool(t, ns, n)
+
+	a = startAggregator(t, "a", leaseNS)
+	a.waitReady(t)
+	require.Eventually(t, a.leads, 30*time.Second, 100*time.Millisecond)
+	waitCompleting(t, ns, 0, 30*time.Second)
+	b = startAggregator(t, "b", leaseNS)
+	b.waitReady(t)
+	require.False(t, b.leads())
+	return ns, leaseNS, pods, a, b
+}
+
 // TestStandbyIsReadyAndTakesOver: with leader election both replicas report
 // ready (a rollout can complete), and when the leader is killed the
 // standby writes within the lease duration.
 func TestStandbyIsReadyAndTakesOver(t *testing.T) {
-	ns, err := env.Namespace(context.Background(), "ha")
-	require.NoError(t, err)
-	leaseNS, err := env.Namespace(context.Background(), "lease")
-	require.NoError(t, err)
-	_, pods := pool(t, ns, 12)
-
-	a := startAggregator(t, "a", leaseNS)
-	a.waitReady(t)
-	require.Eventually(t, a.leads, 30*time.Second, 100*time.Millisecond)
-	waitCompleting(t, ns, 0, 30*time.Second)
-	b := startAggregator(t, "b", leaseNS)
-	b.waitReady(t)
-	require.False(t, b.leads())
+	ns, _, pods, a, b := replicas(t, 12)
 
 	require.NoError(t, a.Signal(syscall.SIGKILL))
 	killed := time.Now()
@@ -223,18 +228,7 @@ func TestStandbyIsReadyAndTakesOver(t *testing.T) {
 // values it computed from its stale caches reaches the parent, and it exits.
 func TestDeposedLeaderCannotWrite(t *testing.T) {
 	ctx := context.Background()
-	ns, err := env.Namespace(ctx, "ha")
-	require.NoError(t, err)
-	leaseNS, err := env.Namespace(ctx, "lease")
-	require.NoError(t, err)
-	_, pods := pool(t, ns, 20)
-
-	a := startAggregator(t, "a", leaseNS)
-	a.waitReady(t)
-	require.Eventually(t, a.leads, 30*time.Second, 100*time.Millisecond)
-	waitCompleting(t, ns, 0, 30*time.Second)
-	b := startAggregator(t, "b", leaseNS)
-	b.waitReady(t)
+	ns, leaseNS, pods, a, _ := replicas(t, 20)
 	first := holder(t, leaseNS)
 
 	require.NoError(t, a.Signal(syscall.SIGSTOP))

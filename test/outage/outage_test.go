@@ -18,7 +18,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -74,13 +73,8 @@ func staleSeconds(t *testing.T) float64 {
 
 func completing(t *testing.T, ns string) int64 {
 	t.Helper()
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(builder.WorkerPoolGVK)
-	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "pool"}, u))
-	v, found, _ := unstructured.NestedInt64(u.Object, "status", "completing")
-	if !found {
-		return -1
-	}
+	v, err := env.StatusCount(context.Background(), builder.WorkerPoolGVK, ns, "pool", "status", "completing")
+	require.NoError(t, err)
 	return v
 }
 
