@@ -269,8 +269,13 @@ func (d *Demo) startOperator() error {
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Logger:                 log,
-		// The operator needs only the pods tally stamped.
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: aggregate.PodSelector()}}},
+		// The operator needs only the pods tally stamped, and runs the demo's
+		// namespace only: another operator (examples/kopf) can run pools
+		// elsewhere on the same control plane.
+		Cache: cache.Options{
+			DefaultNamespaces: map[string]cache.Config{Namespace: {}},
+			ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: aggregate.PodSelector()}},
+		},
 	})
 	if err != nil {
 		return err

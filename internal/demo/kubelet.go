@@ -13,7 +13,9 @@ import (
 
 // kubelet stands in for the node agent the control plane lacks: it starts
 // new pods after a short delay, and lets pods marked for completion finish
-// their work and exit (phase Succeeded) after a random delay.
+// their work and exit (phase Succeeded) after a random delay. Like a
+// kubelet it runs the pods of every namespace, so that other operators
+// (examples/kopf) can use the demo's control plane too.
 func (d *Demo) kubelet(ctx context.Context) {
 	due := map[types.UID]time.Time{}
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -25,7 +27,7 @@ func (d *Demo) kubelet(ctx context.Context) {
 		case <-tick.C:
 		}
 		var pods corev1.PodList
-		if err := d.client.List(ctx, &pods, client.InNamespace(Namespace)); err != nil {
+		if err := d.client.List(ctx, &pods); err != nil {
 			d.say("kubelet: %v", err)
 			continue
 		}

@@ -1,0 +1,144 @@
+"""A WorkerPool operator written with Kopf, the tally way.
+
+The operator keeps spec.replicas worker pods running. It never counts: on
+scale-down it marks surplus pods with the annotation
+tally.dev/completion-intent (one merge patch per pod, no read-modify-write),
+and it reads status.completing, status.active, status.completed and
+status.unexpected, which tally's aggregator writes from the pods themselves.
+
+Run it (see README.md next to this file):
+
+    kopf run --standalone --namespace kopf-demo examples/kopf/operator.py
+"""
+
+import collections
+import logging
+import secrets
+import threading
+
+import kopf
+import kubernetes
+
+GROUP, VERSION, PLURAL = "example.tally.dev", "v1", "workerpools"
+INTENT = "tally.dev/completion-intent"
+TERMINAL = ("Succeeded", "Failed")
+
+# Built at start-up, once the configuration is loaded: a client built at
+# import time would talk to http://localhost.
+core: kubernetes.client.CoreV1Api
+
+# Kopf runs a pool's timer and its change handlers concurrently: one lock per
+# pool keeps two of them from creating the same missing pods.
+pool_locks: dict = collections.defaultdict(threading.Lock)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_):
+    global core
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    core = kubernetes.client.CoreV1Api()
+    # Kopf would keep its handler progress in status.kopf, which the
+    # WorkerPool schema does not declare (the API server would prune it on
+    # every change): keep it in annotations instead.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.example.tally.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.example.tally.dev")
+    logger.info("Configured: counts come from tally, handler progress lives in annotations")
+
+
+def owned_pods(namespace: str, uid: str) -> list:
+    """The pool's pods: those whose controller ownerReference is the pool.
+
+    The ownerReference, not the label, defines them: a pod admitted while
+    tally's webhook was down carries no label until tally stamps it."""
+    pods = core.list_namespaced_pod(namespace).items
+    return [p for p in pods
+            if any(ref.controller and ref.uid == uid for ref in (p.metadata.owner_references or []))]
+
+
+def is_live(pod) -> bool:
+    """Running or starting, not asked to complete, not going away."""
+    return (INTENT not in (pod.metadata.annotations or {})
+            and pod.status.phase not in TERMINAL
+            and pod.metadata.deletion_timestamp is None)
+
+
+def mark_for_completion(pod, reason: str = "scale-down") -> None:
+    # One key, merge patch: nothing is read and written back, so nothing is
+    # lost when other handlers run at the same time. tally's webhook makes
+    # the intent sticky and stamps who set it and when.
+    core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
+                              {"metadata": {"annotations": {INTENT: reason}}})
+
+
+def new_pod(body, name: str) -> dict:
+    meta = body["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{meta['name']}-{secrets.token_hex(3)}",
+            "namespace": meta["namespace"],
+            "labels": {"app.kubernetes.io/name": "worker", "app.kubernetes.io/instance": name},
+            "ownerReferences": [{
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkerPool",
+                "name": meta["name"], "uid": meta["uid"],
+                "controller": True, "blockOwnerDeletion": True,
+            }],
+        },
+        "spec": {
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{"name": "worker", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec.replicas")
+@kopf.timer(GROUP, VERSION, PLURAL, interval=5, initial_delay=5)
+def reconcile(body, spec, status, name, namespace, uid, logger, **_):
+    """Level-triggered: compare the live pods with spec.replicas, from a
+    fresh list, on every change and every few seconds."""
+    with pool_locks[uid]:
+        scale(body, spec.get("replicas", 0), name, namespace, uid)
+    # The counts are tally's: read them, never write them.
+    logger.debug("tally counts: completing=%s active=%s completed=%s unexpected=%s",
+                 status.get("completing"), status.get("active"), status.get("completed"), status.get("unexpected"))
+
+
+def scale(body, replicas: int, name: str, namespace: str, uid: str) -> None:
+    live = sorted((p for p in owned_pods(namespace, uid) if is_live(p)), key=lambda p: p.metadata.name)
+    if len(live) > replicas:
+        surplus = live[replicas:]
+        for pod in surplus:
+            mark_for_completion(pod)
+        kopf.info(body, reason="ScalingDown",
+                  message=f"asked {len(surplus)} pods to complete; tally shows them in status.completing")
+    elif len(live) < replicas:
+        # Recreate what is missing. Pods that were asked to complete are not
+        # live: they are replaced at once, and tally counts them apart
+        # (completing) until they exit.
+        for _ in range(replicas - len(live)):
+            core.create_namespaced_pod(namespace, new_pod(body, name))
+        kopf.info(body, reason="ScalingUp", message=f"created {replicas - len(live)} pods")
+
+
+@kopf.on.event("", "v1", "pods", labels={"tally.dev/parent-uid": kopf.PRESENT})
+def delete_exited(body, name, namespace, logger, **_):
+    """Remove pods that finished: completed ones leave status.completed,
+    crashed ones leave status.unexpected, and the next reconcile replaces
+    what is missing."""
+    if body.get("status", {}).get("phase") not in TERMINAL or body["metadata"].get("deletionTimestamp"):
+        return
+    if not any(ref.get("controller") and ref.get("kind") == "WorkerPool" and ref.get("apiVersion", "").startswith(GROUP + "/")
+               for ref in body["metadata"].get("ownerReferences", [])):
+        return
+    try:
+        core.delete_namespaced_pod(name, namespace)
+    except kubernetes.client.exceptions.ApiException as e:
+        if e.status != 404:
+            raise
+    logger.info("Deleted exited pod %s", name)
