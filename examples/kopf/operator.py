@@ -22,6 +22,9 @@ import kubernetes
 GROUP, VERSION, PLURAL = "example.tally.dev", "v1", "workerpools"
 INTENT = "tally.dev/completion-intent"
 TERMINAL = ("Succeeded", "Failed")
+# Pods asked to complete keep their node resources until they exit: at most
+# this many replacements run beside them.
+MAX_SURGE = 2
 
 # Built at start-up, once the configuration is loaded: a client built at
 # import time would talk to http://localhost.
@@ -103,13 +106,13 @@ def reconcile(body, spec, status, name, namespace, uid, logger, **_):
     """Level-triggered: compare the live pods with spec.replicas, from a
     fresh list, on every change and every few seconds."""
     with pool_locks[uid]:
-        scale(body, spec.get("replicas", 0), name, namespace, uid)
+        scale(body, spec.get("replicas", 0), status.get("completing") or 0, name, namespace, uid)
     # The counts are tally's: read them, never write them.
     logger.debug("tally counts: completing=%s active=%s completed=%s unexpected=%s",
                  status.get("completing"), status.get("active"), status.get("completed"), status.get("unexpected"))
 
 
-def scale(body, replicas: int, name: str, namespace: str, uid: str) -> None:
+def scale(body, replicas: int, completing: int, name: str, namespace: str, uid: str) -> None:
     live = sorted((p for p in owned_pods(namespace, uid) if is_live(p)), key=lambda p: p.metadata.name)
     if len(live) > replicas:
         surplus = live[replicas:]
@@ -118,24 +121,30 @@ def scale(body, replicas: int, name: str, namespace: str, uid: str) -> None:
         kopf.info(body, reason="ScalingDown",
                   message=f"asked {len(surplus)} pods to complete; tally shows them in status.completing")
     elif len(live) < replicas:
-        # Recreate what is missing. Pods that were asked to complete are not
-        # live: they are replaced at once, and tally counts them apart
-        # (completing) until they exit.
-        for _ in range(replicas - len(live)):
+        # Recreate what is missing: pods asked to complete are not live (the
+        # pods' own intent says so), and tally's status.completing says how
+        # many of them still run, within the surge they may share.
+        missing = min(replicas - len(live), replicas + MAX_SURGE - len(live) - completing)
+        for _ in range(missing):
             core.create_namespaced_pod(namespace, new_pod(body, name))
-        kopf.info(body, reason="ScalingUp", message=f"created {replicas - len(live)} pods")
+        if missing > 0:
+            kopf.info(body, reason="ScalingUp", message=f"created {missing} pods ({completing} still completing)")
 
 
-@kopf.on.event("", "v1", "pods", labels={"tally.dev/parent-uid": kopf.PRESENT})
-def delete_exited(body, name, namespace, logger, **_):
+def exited_worker(body, **_) -> bool:
+    """A pod of a WorkerPool that finished and is not being deleted yet."""
+    return (body.get("status", {}).get("phase") in TERMINAL
+            and not body["metadata"].get("deletionTimestamp")
+            and any(ref.get("controller") and ref.get("kind") == "WorkerPool"
+                    and ref.get("apiVersion", "").startswith(GROUP + "/")
+                    for ref in body["metadata"].get("ownerReferences", [])))
+
+
+@kopf.on.event("", "v1", "pods", when=exited_worker)
+def delete_exited(name, namespace, logger, **_):
     """Remove pods that finished: completed ones leave status.completed,
     crashed ones leave status.unexpected, and the next reconcile replaces
     what is missing."""
-    if body.get("status", {}).get("phase") not in TERMINAL or body["metadata"].get("deletionTimestamp"):
-        return
-    if not any(ref.get("controller") and ref.get("kind") == "WorkerPool" and ref.get("apiVersion", "").startswith(GROUP + "/")
-               for ref in body["metadata"].get("ownerReferences", [])):
-        return
     try:
         core.delete_namespaced_pod(name, namespace)
     except kubernetes.client.exceptions.ApiException as e:

@@ -1,0 +1,167 @@
+// Package kopf checks the Kopf example (examples/kopf) and the Kopf file in
+// docs/frameworks.md: on every machine, that the operator compiles, that the
+// docs show exactly that file, and that the CRD it runs against declares
+// every field tally maps; where Python can import kopf, it runs the
+// operator against the demo's control plane (real webhook and aggregator).
+package kopf
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/internal/demo"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+var (
+	operatorFile = framework.Path("examples", "kopf", "operator.py")
+	env          *framework.Env
+)
+
+// TestMain starts the package's control plane, for the CRD check. Running
+// the operator (only where kopf is importable) needs the whole demo, which
+// starts its own.
+func TestMain(m *testing.M) { os.Exit(framework.Main(m, framework.Options{}, &env)) }
+
+// python returns the interpreter the example runs with: $KOPF_PYTHON, else
+// python3 on PATH. $KOPF_PATH, when set, is added to its PYTHONPATH (a
+// checkout of Kopf's source, as examples/kopf/README.md describes).
+func python(args ...string) *exec.Cmd {
+	interp := os.Getenv("KOPF_PYTHON")
+	if interp == "" {
+		interp = "python3"
+	}
+	cmd := exec.Command(interp, args...)
+	cmd.Env = os.Environ()
+	if p := os.Getenv("KOPF_PATH"); p != "" {
+		cmd.Env = append(cmd.Env, "PYTHONPATH="+p)
+	}
+	return cmd
+}
+
+func TestOperatorCompiles(t *testing.T) {
+	out, err := python("-c", "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)",
+		operatorFile, filepath.Join(t.TempDir(), "operator.pyc")).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+}
+
+// TestDocsShowTheExample: the Kopf file in docs/frameworks.md is the
+// example, to the byte, so the docs' file runs as the example does.
+func TestDocsShowTheExample(t *testing.T) {
+	docs, err := os.ReadFile(framework.Path("docs", "frameworks.md"))
+	require.NoError(t, err)
+	block := regexp.MustCompile("(?s)```python\n(.*?)```").FindSubmatch(docs)
+	require.NotNil(t, block, "no python block in docs/frameworks.md")
+	file, err := os.ReadFile(operatorFile)
+	require.NoError(t, err)
+	assert.Equal(t, string(file), string(block[1]), "docs/frameworks.md must show examples/kopf/operator.py as it is")
+}
+
+// TestCRDDeclaresMappedFields: the WorkerPool CRD the example runs against
+// installs, and its schema declares every status field tally's example
+// configuration maps (else the API server prunes them).
+func TestCRDDeclaresMappedFields(t *testing.T) {
+	cfg, err := config.Load(framework.Path("examples", "workerpool", "config.yaml"))
+	require.NoError(t, err)
+	var crd apiextensionsv1.CustomResourceDefinition
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Name: "workerpools.example.tally.dev"}, &crd))
+	schema := crd.Spec.Versions[0].Schema.OpenAPIV3Schema
+	require.NotNil(t, crd.Spec.Versions[0].Subresources.Status, "the status subresource is not enabled")
+	for _, f := range cfg.Parents[0].Fields() {
+		props := schema
+		for _, part := range f.Path {
+			next, ok := props.Properties[part]
+			require.True(t, ok, "the CRD does not declare %s", strings.Join(f.Path, "."))
+			props = &next
+		}
+		assert.Equal(t, "integer", props.Type, strings.Join(f.Path, "."))
+	}
+}
+
+// TestOperatorRunsWithTally runs the example with Kopf against the demo's
+// control plane: a pool of 4 is created, scaled to 1; tally shows the 3
+// surplus pods as completing, then none once they exited and the operator
+// deleted them.
+func TestOperatorRunsWithTally(t *testing.T) {
+	if out, err := python("-c", "import kopf, kubernetes").CombinedOutput(); err != nil {
+		t.Skipf("NOT RUN: Python cannot import kopf and kubernetes (%v: %s); set KOPF_PYTHON and KOPF_PATH as examples/kopf/README.md says to run the operator", err, bytes.TrimSpace(out))
+	}
+	ctx := context.Background()
+	bin := t.TempDir()
+	require.NoError(t, framework.BuildBinaries(bin, "webhook", "aggregator"))
+	d, err := demo.Start(ctx, demo.Options{
+		Dir: t.TempDir(), BinDir: bin, ConfigFile: framework.Path("examples", "workerpool", "config.yaml"),
+		Duration: time.Minute, Seed: 1, Out: t.Output(),
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Stop() })
+	restCfg, err := clientcmd.BuildConfigFromFlags("", d.Kubeconfig())
+	require.NoError(t, err)
+	c, err := client.New(restCfg, client.Options{})
+	require.NoError(t, err)
+	const ns = "kopf-test"
+	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+
+	kopf := python("-m", "kopf", "run", "--standalone", "--namespace", ns, operatorFile)
+	kopf.Env = append(kopf.Env, "KUBECONFIG="+d.Kubeconfig())
+	var log bytes.Buffer
+	kopf.Stdout, kopf.Stderr = &log, &log
+	kopf.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, kopf.Start())
+	t.Cleanup(func() {
+		_ = kopf.Process.Signal(syscall.SIGTERM)
+		_ = kopf.Wait()
+		if t.Failed() {
+			t.Logf("kopf's log:\n%s", log.String())
+		}
+	})
+
+	pool := builder.WorkerPool(ns, "pool", 4)
+	require.NoError(t, c.Create(ctx, pool))
+	counts := func() string {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(builder.WorkerPoolGVK)
+		if err := c.Get(ctx, client.ObjectKeyFromObject(pool), u); err != nil {
+			return err.Error()
+		}
+		st, _, _ := unstructured.NestedMap(u.Object, "status")
+		return fmt.Sprintf("active=%v completing=%v completed=%v unexpected=%v", st["active"], st["completing"], st["completed"], st["unexpected"])
+	}
+	require.Eventually(t, func() bool { return counts() == "active=4 completing=0 completed=0 unexpected=0" }, 90*time.Second, 200*time.Millisecond,
+		"the pool never showed 4 active pods: %s", counts)
+
+	require.NoError(t, c.Patch(ctx, pool, client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":1}}`))))
+	sawCompleting := false
+	require.Eventually(t, func() bool {
+		now := counts()
+		sawCompleting = sawCompleting || strings.Contains(now, "completing=3")
+		return now == "active=1 completing=0 completed=0 unexpected=0"
+	}, 90*time.Second, 50*time.Millisecond, "the pool never settled at 1: %s", counts)
+	assert.True(t, sawCompleting, "tally never showed the 3 surplus pods as completing")
+
+	var pods corev1.PodList
+	require.NoError(t, c.List(ctx, &pods, client.InNamespace(ns)))
+	require.Len(t, pods.Items, 1)
+	assert.NotContains(t, pods.Items[0].Annotations, keys.CompletionIntent)
+}
