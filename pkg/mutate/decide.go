@@ -28,6 +28,7 @@ const (
 // PodMeta is the part of a pod the decision reads.
 type PodMeta struct {
 	Namespace       string                  `json:"namespace,omitempty"`
+	ResourceVersion string                  `json:"resourceVersion,omitempty"`
 	Labels          map[string]string       `json:"labels,omitempty"`
 	Annotations     map[string]string       `json:"annotations,omitempty"`
 	OwnerReferences []metav1.OwnerReference `json:"ownerReferences,omitempty"`
@@ -106,13 +107,30 @@ const intentClockSkew = 2 * time.Minute
 
 // Decide applies the pod metadata contract to one request. It reads no
 // state but the owner checker's.
+//
+// A pod whose controller is not of a tracked kind is never refused: the
+// only change made to it is the removal of identity keys it must not carry.
+// An update sent from a stale copy of the pod (its resourceVersion is not
+// the stored one's) is allowed untouched, so that the API server answers it
+// with its usual conflict, which clients retry, rather than with a denial.
 func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	if (in.Operation != Create && in.Operation != Update) || in.Pod == nil {
 		return Decision{}
 	}
-	owner, isTracked := trackedOwner(in.Pod, m.tracked)
-	if !isTracked && !carriesTallyKeys(in.Pod) && (in.Old == nil || !carriesTallyKeys(in.Old)) {
+	if in.Operation == Update && in.Old != nil && in.Pod.ResourceVersion != "" && in.Pod.ResourceVersion != in.Old.ResourceVersion {
 		return Decision{}
+	}
+	owner, isTracked := trackedOwner(in.Pod, m.tracked)
+	if !isTracked {
+		if !carriesTallyKeys(in.Pod) {
+			return Decision{}
+		}
+		var d Decision
+		p := patcher{in: in, d: &d}
+		p.label(keys.ParentUID, "", false)
+		p.label(keys.ParentName, "", false)
+		p.annotation(keys.Parent, "", false)
+		return d
 	}
 
 	var d Decision
@@ -120,7 +138,7 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 		return Decision{Denied: denied}
 	}
 
-	if isTracked && m.checker != nil && !alreadyStamped(in, owner) {
+	if m.checker != nil && !alreadyStamped(in, owner) {
 		if ok, reason := m.checker.CheckOwner(ctx, in.Pod.Namespace, owner); !ok {
 			isTracked = false
 			d.Unverified = reason

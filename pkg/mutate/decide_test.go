@@ -203,8 +203,23 @@ func TestDecide(t *testing.T) {
 			wantDenied: `cannot be changed to "evicted"`,
 		},
 		{
-			name: "intent removal is denied on untracked pods too",
+			name: "intent removal on an untracked pod is allowed: tally never blocks it",
 			op:   Update, old: withIntent(pod()), pod: pod(),
+			wantNoPatch: true,
+		},
+		{
+			name: "invalid reason token on an untracked pod is allowed untouched",
+			op:   Create, pod: pod().ControlledBy(jobGVK, "job", uid).Annotation(keys.CompletionIntent, "Scale Down"),
+			wantNoPatch: true,
+		},
+		{
+			name: "update from a stale copy is left to the API server's conflict",
+			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped().ResourceVersion("11"),
+			wantNoPatch: true,
+		},
+		{
+			name: "update from the current copy is checked",
+			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped().ResourceVersion("12"),
 			wantDenied: "is sticky",
 		},
 		{

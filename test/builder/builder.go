@@ -80,6 +80,12 @@ func (b *PodBuilder) Finalizer(f string) *PodBuilder {
 	return b
 }
 
+// ResourceVersion sets the pod's resourceVersion.
+func (b *PodBuilder) ResourceVersion(rv string) *PodBuilder {
+	b.pod.ResourceVersion = rv
+	return b
+}
+
 // Phase sets the pod's phase.
 func (b *PodBuilder) Phase(p corev1.PodPhase) *PodBuilder {
 	b.pod.Status.Phase = p

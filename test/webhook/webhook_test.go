@@ -26,6 +26,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -433,4 +434,48 @@ func TestMarkForCompletion(t *testing.T) {
 
 	err = intent.MarkForCompletion(ctx, env.Client, pod.DeepCopy(), "Not Valid")
 	assert.ErrorContains(t, err, `"Not Valid" is not a valid reason`)
+}
+
+// TestStaleUpdateGetsAConflict: an update from a copy that predates the
+// intent is answered with the API server's 409, not a denial, so
+// retry.RetryOnConflict reads the pod again and succeeds.
+func TestStaleUpdateGetsAConflict(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	pod := builder.Pod(ns, "p").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	require.NoError(t, env.Client.Create(ctx, pod))
+	stale := pod.DeepCopy()
+	require.NoError(t, intent.MarkForCompletion(ctx, env.Client, pod, "scale-down"))
+
+	stale.Labels["app"] = "worker"
+	err := env.Client.Update(ctx, stale)
+	require.Error(t, err)
+	assert.True(t, apierrors.IsConflict(err), "an update from a stale copy must get 409, got %v", err)
+
+	attempts := 0
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		attempts++
+		if attempts > 1 {
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(stale), stale); err != nil {
+				return err
+			}
+			stale.Labels["app"] = "worker"
+		}
+		return env.Client.Update(ctx, stale)
+	}))
+	assert.Equal(t, 2, attempts)
+	assert.Equal(t, "scale-down", stale.Annotations[keys.CompletionIntent])
+}
+
+// TestUntrackedPodsAreNeverBlocked: on a pod whose controller is not of a
+// tracked kind, an invalid reason token and the removal of an intent pass.
+func TestUntrackedPodsAreNeverBlocked(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	pod := builder.Pod(ns, "untracked").ControlledBy(schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"}, "job", "uid-j").
+		Annotation(keys.CompletionIntent, "Not A Token").Build()
+	require.NoError(t, env.Client.Create(ctx, pod))
+	delete(pod.Annotations, keys.CompletionIntent)
+	require.NoError(t, env.Client.Update(ctx, pod))
 }
