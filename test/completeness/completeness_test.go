@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -171,4 +172,56 @@ func gauge(t *testing.T, name string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestSubresourcesCannotChangeTallyKeys: pods/status and pods/binding,
+// which the mutating webhook does not see, cannot change tally's keys; an
+// ordinary status update of a tracked pod passes.
+func TestSubresourcesCannotChangeTallyKeys(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	w := newWebhook(t)
+	w.start(t)
+	w.register(t, ns, admissionregistrationv1.Fail)
+	uid := createPool(t, ns, "pool")
+	pod := podsOf(ns, "pool", uid, 0, 1)[0] // carries an intent
+	require.NoError(t, env.Client.Create(ctx, pod))
+	require.NotEmpty(t, pod.Annotations[keys.CompletionIntentAt])
+
+	status := func(patch string) error {
+		return env.Client.Status().Patch(ctx, pod.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(patch)))
+	}
+	tests := []struct {
+		name, patch, denied string
+	}{
+		{"remove the intent", `{"metadata":{"annotations":{"tally.dev/completion-intent":null}}}`, "annotations (identity, completion intent and its stamps) cannot be changed through pods/status"},
+		{"forge -by", `{"metadata":{"annotations":{"tally.dev/completion-intent-by":"someone"}}}`, "cannot be changed through pods/status"},
+		{"forge the parent", `{"metadata":{"labels":{"tally.dev/parent-uid":"forged"}}}`, "tally.dev/ labels cannot be changed through pods/status"},
+		{"add the tracking finalizer", `{"metadata":{"finalizers":["tally.dev/tracking"]}}`, "finalizer tally.dev/tracking cannot be added or removed through pods/status"},
+		{"an ordinary status update", `{"status":{"phase":"Running"}}`, ""},
+		{"another annotation", `{"metadata":{"annotations":{"example.com/note":"x"}}}`, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := status(tc.patch)
+			if tc.denied == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.denied)
+		})
+	}
+
+	unbound := podsOf(ns, "pool", uid, 1, 1)[0]
+	require.NoError(t, env.Client.Create(ctx, unbound))
+	binding := &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: unbound.Name, Namespace: ns, Annotations: map[string]string{keys.CompletionIntentBy: "scheduler"}},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: "node-1"},
+	}
+	err := env.Client.SubResource("binding").Create(ctx, unbound, binding)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cannot be changed through pods/binding")
+	binding.Annotations = nil
+	require.NoError(t, env.Client.SubResource("binding").Create(ctx, unbound, binding), "a binding without tally's keys")
 }

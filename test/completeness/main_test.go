@@ -59,7 +59,7 @@ func TestMain(m *testing.M) {
 			return err
 		}
 		aggregatorConfig = user.Config()
-		return e.InstallAggregatorPolicy(context.Background())
+		return e.InstallPolicies(context.Background())
 	}))
 }
 

@@ -34,10 +34,10 @@ func (e *Env) AggregatorIdentity() (*envtest.AuthenticatedUser, error) {
 	return user, nil
 }
 
-// InstallAggregatorPolicy installs the chart's ValidatingAdmissionPolicy and
-// binding that fence what the aggregator may change on a pod, rendered for
-// Release.
-func (e *Env) InstallAggregatorPolicy(ctx context.Context) error {
+// InstallPolicies installs the chart's ValidatingAdmissionPolicies and
+// their bindings, rendered for Release: the fence on the aggregator's pod
+// writes, and the guard of tally's keys on pods/status and pods/binding.
+func (e *Env) InstallPolicies(ctx context.Context) error {
 	manifest, err := Helm("template", Release, Path("charts", "tally"), "--namespace", ReleaseNamespace, "--show-only", "templates/policy.yaml")
 	if err != nil {
 		return err
