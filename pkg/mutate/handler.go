@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -21,10 +22,21 @@ import (
 // Path is where the webhook serves pod admission requests.
 const Path = "/mutate-pods"
 
-// MaxBodyBytes bounds an AdmissionReview body. The API server caps a pod at
-// about 1.5 MiB in etcd and a request at 3 MiB; a review carries the object
-// and the old object.
-const MaxBodyBytes = 8 << 20
+// MaxBodyBytes bounds an AdmissionReview body. The API server accepts a
+// request body of at most 3 MiB, so the pod it sends is at most that large;
+// a review carries the object and the old object, and an envelope (user
+// info, options) of a few KiB.
+const MaxBodyBytes = 2*(3<<20) + 256<<10
+
+// BodyBudget bounds the memory all requests' bodies may hold at once. A
+// body is read as its bytes arrive (an announced length reserves nothing),
+// in chunks that reserve their share of the budget first: clients that send
+// large bodies slowly wait for each other instead of exhausting memory.
+const BodyBudget = 64 << 20
+
+// bodyChunk is the unit a body is read and reserved in; a typical review
+// (a few KiB) takes one.
+const bodyChunk = 16 << 10
 
 var admissions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tally_webhook_admissions_total",
@@ -42,13 +54,14 @@ type Handler struct {
 	mutator *Mutator
 	log     logr.Logger
 	now     func() time.Time
+	budget  *semaphore.Weighted
 }
 
 var _ http.Handler = (*Handler)(nil)
 
 // NewHandler returns a Handler for m that logs to log.
 func NewHandler(m *Mutator, log logr.Logger) *Handler {
-	return &Handler{mutator: m, log: log, now: time.Now}
+	return &Handler{mutator: m, log: log, now: time.Now, budget: semaphore.NewWeighted(BodyBudget)}
 }
 
 // review is an AdmissionReview, decoded only as deep as the webhook reads.
@@ -92,7 +105,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	var rev review
-	resp, op := h.answer(r, buf, &rev)
+	var reserved int64
+	defer func() { h.budget.Release(reserved) }()
+	resp, op := h.answer(r, buf, &rev, &reserved)
 	admissions.WithLabelValues(operationLabel(op), resp.result).Inc()
 
 	// The body is decoded: its buffer holds the answer.
@@ -116,8 +131,8 @@ func operationLabel(op string) string {
 	return "unknown"
 }
 
-func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review) (response, string) {
-	if err := readBody(r, buf); err != nil {
+func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review, reserved *int64) (response, string) {
+	if err := h.readBody(r, buf, reserved); err != nil {
 		h.log.Info("Rejecting unreadable admission request", "error", err.Error())
 		return errored("", err), ""
 	}
@@ -175,7 +190,10 @@ func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review) (respo
 	return allowed, op
 }
 
-func readBody(r *http.Request, buf *bytes.Buffer) error {
+// readBody reads the request's body into buf as its bytes arrive,
+// reserving each chunk from the handler's budget first (adding to
+// *reserved, which the caller releases).
+func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer, reserved *int64) error {
 	if r.Method != http.MethodPost {
 		return fmt.Errorf("method %s: an AdmissionReview is sent with POST", r.Method)
 	}
@@ -190,19 +208,26 @@ func readBody(r *http.Request, buf *bytes.Buffer) error {
 	if r.ContentLength > MaxBodyBytes {
 		return fmt.Errorf("body of %d bytes exceeds the limit of %d bytes", r.ContentLength, MaxBodyBytes)
 	}
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
+	body := io.LimitReader(r.Body, MaxBodyBytes+1)
+	for {
+		if err := h.budget.Acquire(r.Context(), bodyChunk); err != nil {
+			return fmt.Errorf("waiting for memory to read the body: %w", err)
+		}
+		*reserved += bodyChunk
+		buf.Grow(bodyChunk)
+		n, err := io.CopyN(buf, body, bodyChunk)
+		switch {
+		case buf.Len() > MaxBodyBytes:
+			return fmt.Errorf("body exceeds the limit of %d bytes", MaxBodyBytes)
+		case errors.Is(err, io.EOF) || (err == nil && n < bodyChunk):
+			if buf.Len() == 0 {
+				return errors.New("empty body: expected an AdmissionReview")
+			}
+			return nil
+		case err != nil:
+			return fmt.Errorf("reading body: %w", err)
+		}
 	}
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, MaxBodyBytes+1))
-	switch {
-	case err != nil:
-		return fmt.Errorf("reading body: %w", err)
-	case n == 0:
-		return errors.New("empty body: expected an AdmissionReview")
-	case n > MaxBodyBytes:
-		return fmt.Errorf("body exceeds the limit of %d bytes", MaxBodyBytes)
-	}
-	return nil
 }
 
 func validate(rev *review) error {

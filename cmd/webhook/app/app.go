@@ -6,7 +6,6 @@ package app
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -17,7 +16,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/config"
@@ -52,21 +50,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if opts.ShutdownDelay < 0 {
 		return fmt.Errorf("--shutdown-delay must not be negative, not %s", opts.ShutdownDelay)
 	}
-	server := webhook.NewServer(webhook.Options{
-		Host:    opts.Host,
-		Port:    opts.Port,
-		CertDir: opts.CertDir,
-		TLSOpts: []func(*tls.Config){func(c *tls.Config) {
-			c.MinVersion = tls.VersionTLS12
-			// HTTP/2 is not needed by the API server and widens the attack
-			// surface (stream resets); serve HTTP/1.1 only.
-			c.NextProtos = []string{"http/1.1"}
-		}},
-	})
 	mgr, err := ctrl.NewManager(restCfg, manager.Options{
 		Metrics:                command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
 		HealthProbeBindAddress: opts.ProbeAddr,
-		WebhookServer:          server,
 		Logger:                 log,
 	})
 	if err != nil {
@@ -84,7 +70,8 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 	var draining atomic.Bool
 	handler := mutate.NewHandler(mutate.NewMutator(cfg.Parents, checker), log)
-	mgr.GetWebhookServer().Register(mutate.Path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux := http.NewServeMux()
+	mux.Handle(mutate.Path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if draining.Load() {
 			// The API server opens a new connection for its next request,
 			// to a replica that stays.
@@ -92,11 +79,15 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		}
 		handler.ServeHTTP(w, r)
 	}))
+	server := &server{addr: hostPort(opts.Host, opts.Port), certDir: opts.CertDir, handler: mux, log: log}
+	if err := mgr.Add(server); err != nil {
+		return err
+	}
 
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("webhook-server", server.StartedChecker()); err != nil {
+	if err := mgr.AddReadyzCheck("webhook-server", server.checkStarted); err != nil {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("not-draining", func(*http.Request) error {
