@@ -209,6 +209,9 @@ func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata) {
 		case d.Denied != "":
 			s.report(pod, d.Denied)
 			return
+		case d.Unavailable != "":
+			s.report(pod, d.Unavailable)
+			return
 		case d.Unverified != "" && attempt == 1:
 			// Not stamped, as the webhook would not; identity keys a client
 			// set are still removed by the patch.

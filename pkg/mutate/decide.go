@@ -59,6 +59,11 @@ type Decision struct {
 	// Unverified, when not empty, says why a pod with a tracked controller
 	// owner was not stamped with its identity (verifyOwner refused it).
 	Unverified string
+	// Unavailable, when not empty, says why the owner could not be checked
+	// at all (an API error): the request must be retried, not admitted
+	// unstamped. The handler fails the call, so that the webhook's
+	// failurePolicy decides.
+	Unavailable string
 }
 
 // Owner identifies a pod's controller owner of a tracked kind.
@@ -79,9 +84,10 @@ func (o Owner) Identity() string {
 }
 
 // OwnerChecker confirms that an owner exists in a namespace with the
-// referenced UID. It returns a reason when it does not.
+// referenced UID. It returns a reason when it does not, and an error when
+// it could not tell.
 type OwnerChecker interface {
-	CheckOwner(ctx context.Context, namespace string, owner Owner) (ok bool, reason string)
+	CheckOwner(ctx context.Context, namespace string, owner Owner) (ok bool, reason string, err error)
 }
 
 // Mutator decides what the pod metadata contract requires of a request.
@@ -139,7 +145,11 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	}
 
 	if m.checker != nil && !alreadyStamped(in, owner) {
-		if ok, reason := m.checker.CheckOwner(ctx, in.Pod.Namespace, owner); !ok {
+		ok, reason, err := m.checker.CheckOwner(ctx, in.Pod.Namespace, owner)
+		if err != nil {
+			return Decision{Unavailable: fmt.Sprintf("tally could not verify the owner %s of this pod (verifyOwner): %v; retry", owner.Identity(), err)}
+		}
+		if !ok {
 			isTracked = false
 			d.Unverified = reason
 			d.Warnings = append(d.Warnings, fmt.Sprintf("tally: pod not stamped with its parent's identity: %s", reason))

@@ -3,6 +3,7 @@ package mutate
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -52,11 +53,18 @@ func withIntent(b *builder.PodBuilder) *builder.PodBuilder {
 
 type fakeChecker map[types.UID]bool
 
-func (f fakeChecker) CheckOwner(_ context.Context, ns string, o Owner) (bool, string) {
+func (f fakeChecker) CheckOwner(_ context.Context, ns string, o Owner) (bool, string, error) {
 	if f[o.UID] {
-		return true, ""
+		return true, "", nil
 	}
-	return false, o.Identity() + " with UID " + string(o.UID) + " not found in namespace " + ns
+	return false, o.Identity() + " with UID " + string(o.UID) + " not found in namespace " + ns, nil
+}
+
+// failingChecker cannot reach the API server.
+type failingChecker struct{}
+
+func (failingChecker) CheckOwner(context.Context, string, Owner) (bool, string, error) {
+	return false, "", errors.New("the server is currently unable to handle the request")
 }
 
 func TestDecide(t *testing.T) {
@@ -71,6 +79,8 @@ func TestDecide(t *testing.T) {
 		wantWarn    []string
 		wantDenied  string
 		wantNoPatch bool
+		// wantUnavailable: the call must fail and be retried.
+		wantUnavailable string
 		// wantUnverified is the reason a tracked pod was not stamped.
 		wantUnverified string
 	}{
@@ -251,6 +261,11 @@ func TestDecide(t *testing.T) {
 			wantUnverified: "WorkerPool.example.tally.dev/pool-a with UID " + string(uid) + " not found in namespace ns",
 		},
 		{
+			name: "verifyOwner that cannot reach the API server fails the call, never admits unstamped",
+			op:   Create, pod: pod().ControlledBy(pool, "pool-a", uid), checker: failingChecker{},
+			wantUnavailable: "tally could not verify the owner WorkerPool.example.tally.dev/pool-a of this pod (verifyOwner): the server is currently unable to handle the request; retry",
+		},
+		{
 			name: "delete is ignored",
 			op:   "DELETE", pod: pod().ControlledBy(pool, "pool-a", uid),
 			wantNoPatch: true,
@@ -264,6 +279,12 @@ func TestDecide(t *testing.T) {
 				old = tc.old.Build()
 			}
 			d, got := admit(t, m, tc.op, tc.pod.Build(), old)
+			if tc.wantUnavailable != "" {
+				assert.Equal(t, tc.wantUnavailable, d.Unavailable)
+				assert.Empty(t, d.Patch)
+				return
+			}
+			require.Empty(t, d.Unavailable)
 			if tc.wantDenied != "" {
 				assert.Contains(t, d.Denied, tc.wantDenied)
 				assert.Empty(t, d.Patch)

@@ -40,7 +40,7 @@ const bodyChunk = 16 << 10
 
 var admissions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tally_webhook_admissions_total",
-	Help: "Pod admission requests answered by the tally webhook, by operation and result (unchanged, patched, denied, error, ignored).",
+	Help: "Pod admission requests answered by the tally webhook, by operation and result (unchanged, patched, denied, error, ignored, unavailable).",
 }, []string{"operation", "result"})
 
 func init() {
@@ -110,6 +110,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	resp, op := h.answer(r, buf, &rev, &reserved)
 	admissions.WithLabelValues(operationLabel(op), resp.result).Inc()
 
+	if resp.unavailable {
+		http.Error(w, resp.message, http.StatusServiceUnavailable)
+		return
+	}
 	// The body is decoded: its buffer holds the answer.
 	buf.Reset()
 	out := appendReview(buf.AvailableBuffer(), &resp)
@@ -175,6 +179,10 @@ func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review, reserv
 		in.Old = &req.OldObject.Metadata
 	}
 	d := h.mutator.Decide(r.Context(), in)
+	if d.Unavailable != "" {
+		h.log.Info("Failing pod admission: the owner could not be verified", "uid", req.UID, "namespace", req.Namespace, "reason", d.Unavailable)
+		return unavailable(d.Unavailable), op
+	}
 	if d.Denied != "" {
 		h.log.Info("Denied pod admission", "uid", req.UID, "namespace", req.Namespace, "user", in.User, "reason", d.Denied)
 		return denied(req.UID, d.Denied), op

@@ -2,7 +2,9 @@ package mutate
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,8 +16,13 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -179,3 +186,64 @@ func TestHandlerUpdateStampsIntent(t *testing.T) {
 	require.True(t, resp.Allowed)
 	assert.Contains(t, string(resp.Patch), `"path":"/metadata/annotations/tally.dev~1completion-intent-by","value":"`+user+`"`)
 }
+
+// TestHandlerFailsTheCallWhenOwnersCannotBeChecked: with verifyOwner and the
+// API server unreachable, the call fails (503, no AdmissionReview), so the
+// webhook's failurePolicy decides; the pod is never admitted unstamped.
+func TestHandlerFailsTheCallWhenOwnersCannotBeChecked(t *testing.T) {
+	h := NewHandler(NewMutator(parents, failingChecker{}), logr.Discard())
+	r := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(reviewBody(t, admissionv1.Create, realisticPod(), nil)))
+	r.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+	assert.Contains(t, w.Body.String(), "could not verify the owner WorkerPool.example.tally.dev/pool-a")
+}
+
+// TestReaderOwnerChecker: a missing owner or an unserved kind is a reason
+// not to stamp; any other API error is an error, so that the call is
+// retried.
+func TestReaderOwnerChecker(t *testing.T) {
+	owner := Owner{GroupKind: pool.GroupKind(), Name: "pool-a", UID: uid}
+	notFound := apierrors.NewNotFound(schema.GroupResource{Group: "example.tally.dev", Resource: "workerpools"}, "pool-a")
+	tests := []struct {
+		name       string
+		live       error
+		liveUID    types.UID
+		wantOK     bool
+		wantReason string
+		wantErr    bool
+	}{
+		{name: "exists with that UID", liveUID: uid, wantOK: true},
+		{name: "exists with another UID", liveUID: "other", wantReason: "has UID other, not " + string(uid)},
+		{name: "not found", live: notFound, wantReason: "not found in namespace ns"},
+		{name: "kind not served", live: &apimeta.NoKindMatchError{GroupKind: pool.GroupKind()}, wantReason: "the API server does not serve"},
+		{name: "throttled", live: apierrors.NewTooManyRequests("slow down", 1), wantErr: true},
+		{name: "server error", live: apierrors.NewInternalError(errors.New("etcd")), wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			live := readerFunc(func(obj client.Object) error {
+				obj.SetUID(tc.liveUID)
+				return tc.live
+			})
+			miss := readerFunc(func(client.Object) error { return notFound })
+			c := NewReaderOwnerChecker(parents, miss, PartialMetadata, live)
+			ok, reason, err := c.CheckOwner(context.Background(), "ns", owner)
+			assert.Equal(t, tc.wantOK, ok)
+			assert.Equal(t, tc.wantErr, err != nil, "%v", err)
+			if tc.wantReason != "" {
+				assert.Contains(t, reason, tc.wantReason)
+			}
+		})
+	}
+}
+
+// readerFunc is a client.Reader whose Get answers with f.
+type readerFunc func(client.Object) error
+
+func (f readerFunc) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	return f(obj)
+}
+
+func (f readerFunc) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }

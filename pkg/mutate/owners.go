@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,25 +44,29 @@ func PartialMetadata(gvk schema.GroupVersionKind) client.Object {
 	return m
 }
 
-// CheckOwner reports whether the owner exists in namespace with its UID.
-func (c *ReaderOwnerChecker) CheckOwner(ctx context.Context, namespace string, owner Owner) (bool, string) {
+// CheckOwner reports whether the owner exists in namespace with its UID. An
+// owner whose kind the API server does not serve does not exist; any other
+// error of the API server is returned: the owner may exist.
+func (c *ReaderOwnerChecker) CheckOwner(ctx context.Context, namespace string, owner Owner) (bool, string, error) {
 	gvk, ok := c.versions[owner.GroupKind]
 	if !ok {
-		return false, fmt.Sprintf("%s is not a tracked kind", owner.GroupKind)
+		return false, fmt.Sprintf("%s is not a tracked kind", owner.GroupKind), nil
 	}
 	key := client.ObjectKey{Namespace: namespace, Name: owner.Name}
 	if obj := c.cached(gvk); c.cache.Get(ctx, key, obj) == nil && obj.GetUID() == owner.UID {
-		return true, ""
+		return true, "", nil
 	}
 	obj := PartialMetadata(gvk)
 	err := c.live.Get(ctx, key, obj)
 	switch {
 	case apierrors.IsNotFound(err):
-		return false, fmt.Sprintf("owner %s not found in namespace %s", owner.Identity(), namespace)
+		return false, fmt.Sprintf("owner %s not found in namespace %s", owner.Identity(), namespace), nil
+	case apimeta.IsNoMatchError(err):
+		return false, fmt.Sprintf("owner %s: the API server does not serve %s", owner.Identity(), gvk), nil
 	case err != nil:
-		return false, fmt.Sprintf("owner %s could not be verified: %v", owner.Identity(), err)
+		return false, "", err
 	case obj.GetUID() != owner.UID:
-		return false, fmt.Sprintf("owner %s in namespace %s has UID %s, not %s", owner.Identity(), namespace, obj.GetUID(), owner.UID)
+		return false, fmt.Sprintf("owner %s in namespace %s has UID %s, not %s", owner.Identity(), namespace, obj.GetUID(), owner.UID), nil
 	}
-	return true, ""
+	return true, "", nil
 }

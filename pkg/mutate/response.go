@@ -23,6 +23,13 @@ type response struct {
 	warnings []string
 	// result labels the admissions metric.
 	result string
+	// unavailable fails the call itself (HTTP 503, no AdmissionReview), so
+	// that the API server applies the webhook's failurePolicy.
+	unavailable bool
+}
+
+func unavailable(message string) response {
+	return response{message: message, result: "unavailable", unavailable: true}
 }
 
 func errored(uid types.UID, err error) response {

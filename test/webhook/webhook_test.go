@@ -479,3 +479,37 @@ func TestUntrackedPodsAreNeverBlocked(t *testing.T) {
 	delete(pod.Annotations, keys.CompletionIntent)
 	require.NoError(t, env.Client.Update(ctx, pod))
 }
+
+// TestVerifyOwnerKindThatAppearsLater: a webhook with verifyOwner whose
+// parent kind's CRD is not installed yet starts and serves; once the CRD is
+// installed, the kind's pods are stamped after their owner is verified.
+func TestVerifyOwnerKindThatAppearsLater(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	shardSets := []config.Parent{{Group: "test.tally.dev", Version: "v1", Kind: "ShardSet", Counts: config.DefaultCounts}}
+	port, err := framework.FreePort()
+	require.NoError(t, err)
+	require.NoError(t, start(ctx, &config.Config{Parents: shardSets, VerifyOwner: true}, "127.0.0.1", port, verifying.certDir, verifying.ca.CertPEM),
+		"a webhook whose parent kind is not served must start")
+
+	wh := mutate.Webhook(shardSets, admissionregistrationv1.WebhookClientConfig{
+		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)),
+		CABundle: verifying.ca.CertPEM,
+	}, framework.AggregatorUser)
+	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{instanceLabel: "late"}}
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-late"}, Webhooks: []admissionregistrationv1.MutatingWebhook{wh}}
+	require.NoError(t, env.Client.Create(ctx, mwc))
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), mwc) })
+
+	_, err = envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{framework.Path("test", "testdata", "crds", "shardsets.yaml")}})
+	require.NoError(t, err)
+	ns := namespace(t, "late")
+	parent := builder.WorkerPool(ns, "shards", 1)
+	parent.SetGroupVersionKind(schema.GroupVersionKind{Group: "test.tally.dev", Version: "v1", Kind: "ShardSet"})
+	require.NoError(t, env.Client.Create(ctx, parent))
+	time.Sleep(time.Second) // the registration is picked up asynchronously
+
+	pod := builder.Pod(ns, "shard-0").ControlledBy(parent.GroupVersionKind(), "shards", parent.GetUID()).Build()
+	require.NoError(t, env.Client.Create(ctx, pod))
+	assert.Equal(t, string(parent.GetUID()), pod.Labels[keys.ParentUID])
+}

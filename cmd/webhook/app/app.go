@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -61,9 +62,16 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 
 	var checker mutate.OwnerChecker
 	if cfg.VerifyOwner {
+		var pending []config.Parent
 		for _, p := range cfg.Parents {
 			if _, err := mgr.GetCache().GetInformer(ctx, mutate.PartialMetadata(p.GroupVersionKind())); err != nil {
-				return fmt.Errorf("watching parent kind %s: %w", p.GroupVersionKind(), err)
+				log.Error(err, "Parent kind not served yet: its pods are not stamped until it is; checking again", "kind", p.GroupKind().String())
+				pending = append(pending, p)
+			}
+		}
+		if len(pending) > 0 {
+			if err := mgr.Add(watchLater(mgr, pending, log)); err != nil {
+				return err
 			}
 		}
 		checker = mutate.NewReaderOwnerChecker(cfg.Parents, mgr.GetCache(), mutate.PartialMetadata, mgr.GetAPIReader())
@@ -121,4 +129,29 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		stop()
 	}()
 	return mgr.Start(mgrCtx)
+}
+
+// watchLater starts the owner cache of each pending parent kind once the API
+// server serves it, checking again with backoff: a kind whose CRD arrives
+// after the webhook (one GitOps sync) needs no restart.
+func watchLater(mgr manager.Manager, pending []config.Parent, log logr.Logger) manager.Runnable {
+	return manager.RunnableFunc(func(ctx context.Context) error {
+		for wait := 2 * time.Second; len(pending) > 0; wait = min(2*wait, time.Minute) {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+			still := pending[:0]
+			for _, p := range pending {
+				if _, err := mgr.GetCache().GetInformer(ctx, mutate.PartialMetadata(p.GroupVersionKind())); err != nil {
+					still = append(still, p)
+					continue
+				}
+				log.Info("Parent kind is served now: verifying its owners from the cache", "kind", p.GroupKind().String())
+			}
+			pending = still
+		}
+		return nil
+	})
 }
