@@ -12,6 +12,7 @@ import (
 	"os"
 	"sync/atomic"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -124,3 +125,16 @@ type everyReplica func(context.Context) error
 func (f everyReplica) Start(ctx context.Context) error { return f(ctx) }
 
 func (everyReplica) NeedLeaderElection() bool { return false }
+
+// CheckScopes refuses configured parent kinds that the API server serves as
+// cluster-scoped: tally counts a parent's pods in the parent's namespace.
+// Kinds not served yet are checked when they are.
+func CheckScopes(mapper meta.RESTMapper, parents []config.Parent) error {
+	for i, p := range parents {
+		mapping, err := mapper.RESTMapping(p.GroupKind(), p.Version)
+		if err == nil && mapping.Scope.Name() == meta.RESTScopeNameRoot {
+			return fmt.Errorf("parents[%d] (%s): the kind is cluster-scoped; tally counts a parent's pods in its namespace, so a parent kind must be namespaced", i, p.GroupVersionKind())
+		}
+	}
+	return nil
+}

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
@@ -227,6 +228,9 @@ func (k *kinds) check(p config.Parent) *kindProblem {
 	mapping, err := k.mgr.GetRESTMapper().RESTMapping(p.GroupKind(), p.Version)
 	if err != nil {
 		return &kindProblem{"not-served", fmt.Errorf("the API server does not serve %s: %w", p.GroupVersionKind(), err)}
+	}
+	if mapping.Scope.Name() == meta.RESTScopeNameRoot {
+		return &kindProblem{"cluster-scoped", fmt.Errorf("%s is cluster-scoped; a parent kind must be namespaced", p.GroupVersionKind())}
 	}
 	resource := mapping.Resource.Resource
 	if p.Resource != "" && p.Resource != resource {

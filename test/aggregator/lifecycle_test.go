@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"tally.dev/tally/cmd/aggregator/app"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/test/builder"
@@ -270,4 +271,16 @@ func sum(counts map[config.Count]int64) int64 {
 		n += v
 	}
 	return n
+}
+
+// TestClusterScopedParentKindIsRefused: a parent kind the API server serves
+// as cluster-scoped is refused at start-up with an error naming the key.
+func TestClusterScopedParentKindIsRefused(t *testing.T) {
+	global := crd("GlobalPool", true, "completing")
+	global.Spec.Scope = apiextensionsv1.ClusterScoped
+	installCRD(t, global)
+	err := app.Run(context.Background(), &config.Config{Parents: []config.Parent{workerPools, parentOf(lateGVK("GlobalPool"), nil)}}, env.Config,
+		app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 1})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "parents[1] (late.tally.dev/v1, Kind=GlobalPool): the kind is cluster-scoped")
 }

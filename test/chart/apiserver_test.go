@@ -17,6 +17,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -56,7 +57,7 @@ func TestServerSideDryRun(t *testing.T) {
 // TestRenderedWebhookRegistration registers the rendered
 // MutatingWebhookConfiguration, pointed at a webhook served by the test: an
 // unrelated pod is admitted without the webhook being called, a tracked pod
-// is stamped.
+// is stamped, in the release namespace too.
 func TestRenderedWebhookRegistration(t *testing.T) {
 	ctx := context.Background()
 	var mwc admissionregistrationv1.MutatingWebhookConfiguration
@@ -105,12 +106,15 @@ func TestRenderedWebhookRegistration(t *testing.T) {
 	assert.Equal(t, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a", tracked.Labels[keys.ParentUID])
 	assert.Equal(t, "WorkerPool.example.tally.dev/pool", tracked.Annotations[keys.Parent])
 
-	// The release namespace is excluded even for tracked pods.
+	// Parents in the release namespace are served too; tally's own pods
+	// there (a ReplicaSet's) never reach the webhook.
 	sys := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
 	require.NoError(t, client.IgnoreAlreadyExists(env.Client.Create(ctx, sys)))
 	inRelease := builder.Pod(namespace, "own").ControlledBy(builder.WorkerPoolGVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
-	before = calls.Load()
 	require.NoError(t, env.Client.Create(ctx, inRelease))
-	assert.Equal(t, before, calls.Load())
-	assert.NotContains(t, inRelease.Labels, keys.ParentUID)
+	assert.Equal(t, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a", inRelease.Labels[keys.ParentUID])
+	before = calls.Load()
+	own := builder.Pod(namespace, "tally-webhook-0").ControlledBy(schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "ReplicaSet"}, "tally-webhook-7d9f8", "3f0c2a8e-0000-4000-8000-000000000001").Build()
+	require.NoError(t, env.Client.Create(ctx, own))
+	assert.Equal(t, before, calls.Load(), "the webhook was called for one of tally's own pods")
 }

@@ -115,6 +115,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"bad-no-resource.yaml":               "at '/parents/0': missing property 'resource'",
 		"bad-timeout.yaml":                   "at '/webhook/timeoutSeconds': maximum: got 60, want 30",
 		"bad-replicas-without-election.yaml": "at '/aggregator/replicas': value must be 1",
+		"bad-replicaset.yaml":                "at '/parents/0': 'not' failed",
 	}
 	for file, want := range tests {
 		t.Run(file, func(t *testing.T) {
@@ -158,8 +159,11 @@ func TestAggregatorRBAC(t *testing.T) {
 	assert.False(t, find(t, objects(t, render(t)), "ClusterRole", "tally-webhook", &webhookRole))
 }
 
-// TestMatchConditions: the chart renders the same match conditions as
-// mutate.Webhook for the configured parents and the release's aggregator.
+// TestMatchConditions: the chart renders the webhook mutate.Webhook
+// defines (which the suites and the demo register) for the configured
+// parents and the release's aggregator: rules, namespaces, match
+// conditions and policies, all but where it is served and its per-release
+// settings.
 func TestMatchConditions(t *testing.T) {
 	for _, values := range [][]string{nil, {"two-parents.yaml"}} {
 		objs := objects(t, render(t, values...))
@@ -177,9 +181,13 @@ func TestMatchConditions(t *testing.T) {
 		var mwc admissionregistrationv1.MutatingWebhookConfiguration
 		require.True(t, find(t, objs, "MutatingWebhookConfiguration", "tally", &mwc))
 		require.Len(t, mwc.Webhooks, 1)
-		want := mutate.Webhook(cfg.Parents, admissionregistrationv1.WebhookClientConfig{}, framework.AggregatorUser)
-		assert.Equal(t, want.MatchConditions, mwc.Webhooks[0].MatchConditions)
-		assert.Equal(t, mutate.Path, *mwc.Webhooks[0].ClientConfig.Service.Path)
+		got := mwc.Webhooks[0]
+		assert.Equal(t, mutate.Path, *got.ClientConfig.Service.Path)
+		want := mutate.Webhook(cfg.Parents, got.ClientConfig, framework.AggregatorUser)
+		// Values, not definitions: failurePolicy and namespace narrowing.
+		want.FailurePolicy = got.FailurePolicy
+		want.NamespaceSelector.MatchLabels = got.NamespaceSelector.MatchLabels
+		assert.Equal(t, want, got)
 	}
 }
 

@@ -108,6 +108,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
+	if err := command.CheckScopes(mgr.GetRESTMapper(), cfg.Parents); err != nil {
+		return err
+	}
 	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggOpts); err != nil {
 		return err
 	}

@@ -60,6 +60,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		return fmt.Errorf("creating manager: %w", err)
 	}
 
+	if err := command.CheckScopes(mgr.GetRESTMapper(), cfg.Parents); err != nil {
+		return err
+	}
 	var checker mutate.OwnerChecker
 	if cfg.VerifyOwner {
 		var pending []config.Parent
