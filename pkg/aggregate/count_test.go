@@ -96,7 +96,9 @@ func TestMisstamped(t *testing.T) {
 		want bool
 	}{
 		{"stamped as the webhook would", stamped().Build(), false},
-		{"stamped, with an admitted intent", stamped().Annotation(keys.CompletionIntent, "scale-down").Build(), false},
+		{"stamped, with an admitted intent", stamped().Annotation(keys.CompletionIntent, "scale-down").
+			Annotation(keys.CompletionIntentAt, "2026-11-30T08:00:00Z").Annotation(keys.CompletionIntentBy, "operator").Build(), false},
+		{"an intent the webhook never saw (no -at, -by)", stamped().Annotation(keys.CompletionIntent, "scale-down").Build(), true},
 		{"untracked, no tally keys", builder.Pod("ns", "p").Build(), false},
 		{"tracked controller, no label", pool().Build(), true},
 		{"label of another parent", stamped().Label(keys.ParentUID, "uid-q").Build(), true},

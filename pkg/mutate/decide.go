@@ -108,8 +108,18 @@ func NewMutator(parents []config.Parent, checker OwnerChecker) *Mutator {
 
 // intentClockSkew bounds how far a completion-intent-at value already on a
 // pod may lie from now and still be taken as the webhook's own stamp from an
-// earlier invocation of the same request (reinvocation, another replica).
-const intentClockSkew = 2 * time.Minute
+// earlier invocation of the same request: a reinvocation comes within the
+// other webhooks' timeouts (at most 30 s each, and the API server ends the
+// request after 60 s), possibly to another replica whose clock differs by a
+// few seconds.
+const intentClockSkew = 30 * time.Second
+
+// UnobservedRequester is the keys.CompletionIntentBy value of an intent that
+// was set while the webhook did not see it (admitted during an outage under
+// failurePolicy Ignore, or before tally was installed): tally records when
+// it first saw the intent, and that it did not see who set it. A "system:"
+// username is reserved, so no user can be confused with it.
+const UnobservedRequester = "system:tally:unobserved"
 
 // Decide applies the pod metadata contract to one request. It reads no
 // state but the owner checker's.
@@ -260,13 +270,18 @@ func intentStamp(in Input) (at, by string, ok bool) {
 	}
 	if in.Old != nil {
 		if _, had := in.Old.Annotations[keys.CompletionIntent]; had {
-			// Admitted before: keep what was stamped then.
+			// Admitted before: keep what was stamped then. An intent the
+			// webhook never saw is stamped now, as first seen, by no one
+			// observed.
 			at, hasAt := in.Old.Annotations[keys.CompletionIntentAt]
 			by, hasBy := in.Old.Annotations[keys.CompletionIntentBy]
-			if hasAt && hasBy {
-				return at, by, true
+			if !hasAt {
+				at = in.Now.UTC().Format(time.RFC3339)
 			}
-			return "", "", false
+			if !hasBy {
+				by = UnobservedRequester
+			}
+			return at, by, true
 		}
 	}
 	if at, ok := in.Pod.Annotations[keys.CompletionIntentAt]; ok && in.Pod.Annotations[keys.CompletionIntentBy] == in.User {

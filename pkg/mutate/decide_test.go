@@ -266,6 +266,22 @@ func TestDecide(t *testing.T) {
 			wantUnavailable: "tally could not verify the owner WorkerPool.example.tally.dev/pool-a of this pod (verifyOwner): the server is currently unable to handle the request; retry",
 		},
 		{
+			name: "an intent the webhook never saw is stamped as first seen now, by no one observed",
+			op:   Update, old: stamped().Annotation(keys.CompletionIntent, "scale-down"), pod: stamped().Annotation(keys.CompletionIntent, "scale-down").Label("app", "w"),
+			wantLabels: map[string]string{"app": "w", keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a", keys.CompletionIntent: "scale-down",
+				keys.CompletionIntentAt: now.UTC().Format(time.RFC3339), keys.CompletionIntentBy: UnobservedRequester},
+		},
+		{
+			name: "a client's own -at a minute old is not taken as the webhook's stamp",
+			op:   Update, old: stamped(), pod: stamped().Annotation(keys.CompletionIntent, "scale-down").
+				Annotation(keys.CompletionIntentAt, now.Add(-time.Minute).UTC().Format(time.RFC3339)).Annotation(keys.CompletionIntentBy, user),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a", keys.CompletionIntent: "scale-down",
+				keys.CompletionIntentAt: now.UTC().Format(time.RFC3339), keys.CompletionIntentBy: user},
+			wantWarn: []string{"annotation tally.dev/completion-intent-at set back"},
+		},
+		{
 			name: "delete is ignored",
 			op:   "DELETE", pod: pod().ControlledBy(pool, "pool-a", uid),
 			wantNoPatch: true,

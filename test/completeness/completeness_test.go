@@ -17,6 +17,7 @@ import (
 
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
 )
 
 // TestInstallIntoRunningCluster: 3 parents with 200 pods each exist before
@@ -80,6 +81,12 @@ func TestOutageUnderIgnore(t *testing.T) {
 	converges(t, ns, "pool", uid, 15*time.Second)
 	assert.Empty(t, unstamped(t, ns))
 	assert.Equal(t, int64(60), sum(truth(t, ns, uid)))
+	// Intents set while the webhook was down are recorded as first seen by
+	// the sweep, by no one observed.
+	got := &corev1.Pod{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "pool-010"}, got))
+	assert.Equal(t, mutate.UnobservedRequester, got.Annotations[keys.CompletionIntentBy])
+	assert.NotEmpty(t, got.Annotations[keys.CompletionIntentAt])
 }
 
 // TestOutageUnderFailAtStart: with failurePolicy Fail and the webhook down,
@@ -135,6 +142,7 @@ func TestPolicyFencesTheAggregator(t *testing.T) {
 		{"a foreign parent", `{"metadata":{"labels":{"tally.dev/parent-uid":"not-the-controller"}}}`, "only to the pod's controller ownerReference"},
 		{"the intent", `{"metadata":{"annotations":{"tally.dev/completion-intent":null}}}`, "may not set or change a completion intent"},
 		{"the spec", `{"spec":{"activeDeadlineSeconds":5}}`, "may not change a pod's owners, finalizers or spec"},
+		{"a requester it did not see", `{"metadata":{"annotations":{"tally.dev/completion-intent-by":"alice"}}}`, "may not set or change a completion intent"},
 		{"its identity", fmt.Sprintf(`{"metadata":{"labels":{"tally.dev/parent-uid":%q,"tally.dev/parent-name":"pool"},"annotations":{"tally.dev/parent":"WorkerPool.example.tally.dev/pool"}}}`, uid), ""},
 	}
 	for _, tc := range tests {
