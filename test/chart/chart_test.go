@@ -287,3 +287,44 @@ func TestSecureMetricsRBAC(t *testing.T) {
 	insecure := objects(t, render(t, "two-parents.yaml"))
 	assert.False(t, find(t, insecure, "ClusterRole", "tally-metrics-reader", &reader))
 }
+
+// TestSecretCertificatesAreStableUnderGitOps: certificates.mode=secret
+// renders the same objects on every offline rendering (helm mode cannot:
+// without the cluster to read its Secret from, it generates a new CA), mounts
+// the user's Secret and registers the user's CA.
+func TestSecretCertificatesAreStableUnderGitOps(t *testing.T) {
+	template := func(set ...string) (string, error) {
+		args := []string{"template", release, framework.Path("charts", "tally"), "--namespace", namespace}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		return helm(args...)
+	}
+	secret := []string{"certificates.mode=secret", "certificates.secret.name=my-webhook-tls", "certificates.secret.caBundle=Y2E="}
+	first, err := template(secret...)
+	require.NoError(t, err)
+	second, err := template(secret...)
+	require.NoError(t, err)
+	assert.Equal(t, first, second, "two offline renderings differ")
+	helmFirst, err := template("certificates.mode=helm")
+	require.NoError(t, err)
+	helmSecond, err := template("certificates.mode=helm")
+	require.NoError(t, err)
+	assert.NotEqual(t, helmFirst, helmSecond, "helm mode renders a new CA offline (why secret mode exists)")
+
+	objs := objects(t, first)
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	require.True(t, find(t, objs, "MutatingWebhookConfiguration", "tally", &mwc))
+	assert.Equal(t, "ca", string(mwc.Webhooks[0].ClientConfig.CABundle))
+	assert.Empty(t, mwc.Annotations)
+	var webhook appsv1.Deployment
+	require.True(t, find(t, objs, "Deployment", "tally-webhook", &webhook))
+	assert.Equal(t, "my-webhook-tls", webhook.Spec.Template.Spec.Volumes[1].Secret.SecretName)
+	for _, o := range objs {
+		assert.NotContains(t, []string{"Certificate", "Issuer", "Secret"}, o.GetKind(), "secret mode creates no certificate objects")
+	}
+
+	_, err = template("certificates.mode=secret")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "at '/certificates/secret/name': minLength")
+}

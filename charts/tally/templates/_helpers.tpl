@@ -10,7 +10,9 @@
 {{- define "tally.webhook" -}}{{ include "tally.fullname" . }}-webhook{{- end -}}
 {{- define "tally.aggregator" -}}{{ include "tally.fullname" . }}-aggregator{{- end -}}
 {{- define "tally.aggregatorUser" -}}system:serviceaccount:{{ .Release.Namespace }}:{{ include "tally.aggregator" . }}{{- end -}}
-{{- define "tally.tlsSecret" -}}{{ include "tally.webhook" . }}-tls{{- end -}}
+{{- define "tally.tlsSecret" -}}
+{{- if eq .Values.certificates.mode "secret" }}{{ .Values.certificates.secret.name }}{{ else }}{{ include "tally.webhook" . }}-tls{{ end -}}
+{{- end -}}
 
 {{- define "tally.labels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
