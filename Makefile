@@ -81,7 +81,7 @@ test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) ## Run unit tests, fuzz seed c
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: demo
-demo: build envtest-assets ## Run tally on a local control plane and drive the scale-down scenario (DEMO_DURATION, default 60s).
+demo: build envtest-assets $(HELM) ## Run tally on a local control plane and drive the scale-down scenario (DEMO_DURATION, default 60s).
 	@echo ">> running the demo (kubeconfig, certificates and logs in .demo/)"
 	go run ./cmd/tally-demo --duration $(DEMO_DURATION)
 

@@ -131,6 +131,11 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 	if err := d.registerWebhook(ctx, ca, port); err != nil {
 		return nil, err
 	}
+	// The chart's admission policies, as installed: the aggregator's pod
+	// writes fenced, tally's keys guarded on pods/status and pods/binding.
+	if err := d.env.InstallPolicies(ctx); err != nil {
+		return nil, err
+	}
 	if err := d.StartAggregator(ctx); err != nil {
 		return nil, err
 	}
