@@ -106,8 +106,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	var rev review
 	var reserved int64
-	defer func() { h.budget.Release(reserved) }()
 	resp, op := h.answer(r, buf, &rev, &reserved)
+	h.budget.Release(reserved)
 	admissions.WithLabelValues(operationLabel(op), resp.result).Inc()
 
 	if resp.unavailable {
@@ -223,11 +223,13 @@ func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer, reserved *int64) 
 		}
 		*reserved += bodyChunk
 		buf.Grow(bodyChunk)
-		n, err := io.CopyN(buf, body, bodyChunk)
+		chunk := buf.AvailableBuffer()[:bodyChunk]
+		n, err := io.ReadFull(body, chunk)
+		buf.Write(chunk[:n])
 		switch {
 		case buf.Len() > MaxBodyBytes:
 			return fmt.Errorf("body exceeds the limit of %d bytes", MaxBodyBytes)
-		case errors.Is(err, io.EOF) || (err == nil && n < bodyChunk):
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 			if buf.Len() == 0 {
 				return errors.New("empty body: expected an AdmissionReview")
 			}
