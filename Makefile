@@ -39,6 +39,17 @@ build: ## Build bin/webhook and bin/aggregator.
 	go build -o $(BIN)/webhook ./cmd/webhook
 	go build -o $(BIN)/aggregator ./cmd/aggregator
 
+.PHONY: image
+image: ## Build the container image without a container engine: bin/tally-image.tar (OCI layout; docker load, kind load image-archive).
+	@echo ">> building the image (linux/amd64 and linux/arm64) into $(BIN)/tally-image.tar"
+	@mkdir -p $(BIN)
+	go run ./hack/image --out $(BIN)/tally-image.tar
+
+.PHONY: push
+push: ## Push the same image index to IMAGE=registry/repository:tag (credentials from the Docker config).
+	@test -n "$(IMAGE)" || { echo "usage: make push IMAGE=registry/repository:tag"; exit 2; }
+	go run ./hack/image --push $(IMAGE)
+
 .PHONY: envtest-assets
 envtest-assets: $(KUBE_APISERVER) $(ETCD) ## Build kube-apiserver and etcd from source into bin/k8s/<version>.
 

@@ -1,0 +1,169 @@
+// Command image builds tally's container image without a container engine
+// (`make image`, `make push`): the commands of cmd/ that ship in it,
+// statically linked for linux/amd64 and linux/arm64, in one OCI index,
+// tagged <repository>:<appVersion> from the chart (the chart's default image
+// is this one). It writes an archive (--out) or pushes to a registry
+// (--push). The same sources give the same digest: binaries are built with
+// -trimpath and no build ID, and every timestamp is the last commit's.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"sigs.k8s.io/yaml"
+
+	"tally.dev/tally/internal/image"
+)
+
+// Repository is where the image is published; the chart's
+// image.repository default.
+const Repository = "ghcr.io/tally-dev/tally"
+
+// Source is the OCI source label.
+const Source = "https://github.com/tally-dev/tally"
+
+// commands are the commands of cmd/ the image holds, when they exist.
+var commands = []string{"webhook", "aggregator", "kubectl-tally"}
+
+func main() {
+	out := flag.String("out", "", "write the image as an OCI layout archive to this file")
+	push := flag.String("push", "", "push the image index to this reference (registry/repository:tag)")
+	root := flag.String("root", ".", "the repository's root")
+	flag.Parse()
+	if (*out == "") == (*push == "") {
+		fmt.Fprintln(os.Stderr, "image: give exactly one of --out FILE and --push REF")
+		os.Exit(2)
+	}
+	if err := run(*root, *out, *push); err != nil {
+		fmt.Fprintln(os.Stderr, "image:", err)
+		os.Exit(1)
+	}
+}
+
+func run(root, out, push string) error {
+	version, err := appVersion(root)
+	if err != nil {
+		return err
+	}
+	revision, created, err := commit(root)
+	if err != nil {
+		return err
+	}
+	build, err := os.MkdirTemp("", "tally-image-build-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(build)
+
+	opts := image.Options{
+		Created: created,
+		Labels: map[string]string{
+			"org.opencontainers.image.source":   Source,
+			"org.opencontainers.image.version":  version,
+			"org.opencontainers.image.revision": revision,
+			"org.opencontainers.image.title":    "tally",
+		},
+	}
+	for _, arch := range []string{"amd64", "arm64"} {
+		p := image.Platform{OS: "linux", Architecture: arch, Binaries: map[string]string{}}
+		for _, cmd := range commands {
+			if _, err := os.Stat(filepath.Join(root, "cmd", cmd)); err != nil {
+				continue
+			}
+			bin := filepath.Join(build, arch, cmd)
+			if err := goBuild(root, arch, cmd, bin); err != nil {
+				return err
+			}
+			p.Binaries[cmd] = bin
+		}
+		opts.Platforms = append(opts.Platforms, p)
+	}
+	idx, err := image.Index(opts)
+	if err != nil {
+		return err
+	}
+	digest, err := idx.Digest()
+	if err != nil {
+		return err
+	}
+	if push != "" {
+		ref, err := name.ParseReference(push)
+		if err != nil {
+			return err
+		}
+		if err := remote.WriteIndex(ref, idx, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+			return fmt.Errorf("pushing %s: %w", ref, err)
+		}
+		fmt.Printf("pushed %s@%s\n", ref, digest)
+		return nil
+	}
+	tag, err := name.NewTag(Repository + ":" + version)
+	if err != nil {
+		return err
+	}
+	hostArch := runtime.GOARCH
+	if hostArch != "arm64" {
+		hostArch = "amd64"
+	}
+	if err := image.WriteArchive(idx, tag, hostArch, created, out); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s: %s@%s\n", out, tag, digest)
+	return nil
+}
+
+// goBuild builds cmd/<cmd> statically for linux/arch, reproducibly.
+func goBuild(root, arch, cmd, out string) error {
+	c := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", out, "./cmd/"+cmd)
+	c.Dir = root
+	c.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
+	if b, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("building %s for linux/%s: %w: %s", cmd, arch, err, b)
+	}
+	return nil
+}
+
+// appVersion reads the chart's appVersion: the image's tag and version.
+func appVersion(root string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(root, "charts", "tally", "Chart.yaml"))
+	if err != nil {
+		return "", err
+	}
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(data, &chart); err != nil || chart.AppVersion == "" {
+		return "", fmt.Errorf("no appVersion in charts/tally/Chart.yaml: %v", err)
+	}
+	return chart.AppVersion, nil
+}
+
+// commit returns the revision and time of HEAD; the time stamps the image.
+func commit(root string) (string, time.Time, error) {
+	c := exec.Command("git", "log", "-1", "--format=%H %ct")
+	c.Dir = root
+	b, err := c.Output()
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("reading the last commit: %w", err)
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return "", time.Time{}, fmt.Errorf("unexpected git log output %q", b)
+	}
+	secs, err := strconv.ParseInt(fields[1], 10, 64)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	return fields[0], time.Unix(secs, 0).UTC(), nil
+}

@@ -1,0 +1,185 @@
+// Package image checks `make image` and `make push` (hack/image): the
+// archive's index, manifests and config, the binaries in its layer, the
+// digest of two builds, and a push to a registry served by the test.
+package image
+
+import (
+	"archive/tar"
+	"io"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
+
+	"tally.dev/tally/internal/image"
+	"tally.dev/tally/test/framework"
+)
+
+func build(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"run", "./hack/image"}, args...)...)
+	cmd.Dir = framework.Root()
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return string(out)
+}
+
+// untar extracts the archive into a new directory.
+func untar(t *testing.T, archive string) string {
+	t.Helper()
+	dir := t.TempDir()
+	f, err := os.Open(archive)
+	require.NoError(t, err)
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return dir
+		}
+		require.NoError(t, err)
+		p := filepath.Join(dir, filepath.FromSlash(hdr.Name))
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		data, err := io.ReadAll(tr)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(p, data, 0o644))
+	}
+}
+
+func gitHead(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command("git", "rev-parse", "HEAD")
+	cmd.Dir = framework.Root()
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	return strings.TrimSpace(string(out))
+}
+
+func appVersion(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(framework.Path("charts", "tally", "Chart.yaml"))
+	require.NoError(t, err)
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	require.NoError(t, yaml.Unmarshal(data, &chart))
+	return chart.AppVersion
+}
+
+func TestImage(t *testing.T) {
+	dir := t.TempDir()
+	first, second := filepath.Join(dir, "a.tar"), filepath.Join(dir, "b.tar")
+	build(t, "--out", first)
+	build(t, "--out", second)
+	a, err := os.ReadFile(first)
+	require.NoError(t, err)
+	b, err := os.ReadFile(second)
+	require.NoError(t, err)
+	require.Equal(t, a, b, "two builds of the same sources differ")
+
+	lp, err := layout.ImageIndexFromPath(untar(t, first))
+	require.NoError(t, err)
+	outer, err := lp.IndexManifest()
+	require.NoError(t, err)
+	require.Len(t, outer.Manifests, 1)
+	assert.Equal(t, appVersion(t), outer.Manifests[0].Annotations["org.opencontainers.image.ref.name"])
+	assert.Equal(t, "ghcr.io/tally-dev/tally:"+appVersion(t), outer.Manifests[0].Annotations["io.containerd.image.name"],
+		"the chart's default image (image.repository, tag = appVersion)")
+	idx, err := lp.ImageIndex(outer.Manifests[0].Digest)
+	require.NoError(t, err)
+	im, err := idx.IndexManifest()
+	require.NoError(t, err)
+	assert.Equal(t, types.OCIImageIndex, im.MediaType)
+	var platforms []string
+	for _, d := range im.Manifests {
+		platforms = append(platforms, d.Platform.OS+"/"+d.Platform.Architecture)
+		img, err := idx.Image(d.Digest)
+		require.NoError(t, err)
+		mt, err := img.MediaType()
+		require.NoError(t, err)
+		assert.Equal(t, types.OCIManifestSchema1, mt)
+		cfg, err := img.ConfigFile()
+		require.NoError(t, err)
+		assert.Equal(t, image.User, cfg.Config.User)
+		assert.Empty(t, cfg.Config.Entrypoint)
+		assert.Equal(t, map[string]string{
+			"org.opencontainers.image.source":   "https://github.com/tally-dev/tally",
+			"org.opencontainers.image.version":  appVersion(t),
+			"org.opencontainers.image.revision": gitHead(t),
+			"org.opencontainers.image.title":    "tally",
+		}, cfg.Config.Labels)
+		files := layerFiles(t, img)
+		assert.Contains(t, files, "webhook")
+		assert.Contains(t, files, "aggregator")
+		if d.Platform.Architecture == runtime.GOARCH {
+			for name, data := range files {
+				bin := filepath.Join(t.TempDir(), name)
+				require.NoError(t, os.WriteFile(bin, data, 0o755))
+				out, err := exec.Command(bin, "--help").CombinedOutput()
+				require.NoError(t, err, "%s --help: %s", name, out)
+				assert.Contains(t, string(out), "-config", name)
+			}
+		}
+	}
+	assert.ElementsMatch(t, []string{"linux/amd64", "linux/arm64"}, platforms)
+	digest, err := idx.Digest()
+	require.NoError(t, err)
+
+	// make push to a registry, and pull it back.
+	reg := httptest.NewServer(registry.New())
+	defer reg.Close()
+	u, err := url.Parse(reg.URL)
+	require.NoError(t, err)
+	ref := u.Host + "/tally:test"
+	build(t, "--push", ref)
+	pulled, err := remote.Index(mustRef(t, ref))
+	require.NoError(t, err)
+	pulledDigest, err := pulled.Digest()
+	require.NoError(t, err)
+	assert.Equal(t, digest, pulledDigest)
+}
+
+func mustRef(t *testing.T, s string) name.Reference {
+	t.Helper()
+	ref, err := name.ParseReference(s, name.Insecure)
+	require.NoError(t, err)
+	return ref
+}
+
+// layerFiles returns the files of the image's only layer.
+func layerFiles(t *testing.T, img v1.Image) map[string][]byte {
+	t.Helper()
+	layers, err := img.Layers()
+	require.NoError(t, err)
+	require.Len(t, layers, 1)
+	rc, err := layers[0].Uncompressed()
+	require.NoError(t, err)
+	defer rc.Close()
+	files := map[string][]byte{}
+	tr := tar.NewReader(rc)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return files
+		}
+		require.NoError(t, err)
+		assert.Equal(t, int64(0o755), hdr.Mode, hdr.Name)
+		data, err := io.ReadAll(tr)
+		require.NoError(t, err)
+		files[hdr.Name] = data
+	}
+}
