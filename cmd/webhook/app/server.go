@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	stdlog "log"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -83,8 +85,10 @@ func (s *server) Start(ctx context.Context) error {
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          nil,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		// Connection-level errors (TLS handshakes, timeouts) come by the
+		// thousand from a misbehaving client: debug level.
+		ErrorLog:    stdlog.New(debugWriter{s.log}, "", 0),
+		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	done := make(chan struct{})
 	go func() {
@@ -111,6 +115,16 @@ func (s *server) checkStarted(*http.Request) error {
 		return errors.New("webhook server not started")
 	}
 	return nil
+}
+
+// debugWriter writes the HTTP server's own log lines at debug level.
+type debugWriter struct{ log logr.Logger }
+
+func (w debugWriter) Write(p []byte) (int, error) {
+	if log := w.log.V(1); log.Enabled() {
+		log.Info("HTTP server", "message", strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
 }
 
 func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
