@@ -53,10 +53,17 @@ push: ## Push the same image index to IMAGE=registry/repository:tag (credentials
 .PHONY: envtest-assets
 envtest-assets: $(KUBE_APISERVER) $(ETCD) ## Build kube-apiserver and etcd from source into bin/k8s/<version>.
 
+# The version stamps a release build sets: clients (helm's kubeVersion check
+# among them) read the server's version from /version.
+KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=v$(KUBERNETES_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBERNETES_VERSION))) \
+	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_VERSION))) \
+	-X k8s.io/component-base/version.gitTreeState=clean
+
 $(KUBE_APISERVER):
 	@echo ">> building kube-apiserver $(KUBERNETES_VERSION) from source (several minutes the first time)"
 	@mkdir -p $(ENVTEST_DIR)
-	cd hack/envtest && go build -o $@ k8s.io/kubernetes/cmd/kube-apiserver
+	cd hack/envtest && go build -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/kube-apiserver
 
 $(ETCD):
 	@echo ">> building etcd from source"

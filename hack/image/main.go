@@ -1,13 +1,14 @@
 // Command image builds tally's container image without a container engine
 // (`make image`, `make push`): the commands of cmd/ that ship in it,
 // statically linked for linux/amd64 and linux/arm64, in one OCI index,
-// tagged <repository>:<appVersion> from the chart (the chart's default image
-// is this one). It writes an archive (--out) or pushes to a registry
+// tagged <image.repository>:<appVersion> from the chart's values and
+// Chart.yaml (the chart's default image is this one). It writes an archive (--out) or pushes to a registry
 // (--push). The same sources give the same digest: binaries are built with
 // -trimpath and no build ID, and every timestamp is the last commit's.
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -25,10 +26,6 @@ import (
 
 	"tally.dev/tally/internal/image"
 )
-
-// Repository is where the image is published; the chart's
-// image.repository default.
-const Repository = "ghcr.io/tally-dev/tally"
 
 // Source is the OCI source label.
 const Source = "https://github.com/tally-dev/tally"
@@ -52,7 +49,7 @@ func main() {
 }
 
 func run(root, out, push string) error {
-	version, err := appVersion(root)
+	version, repository, err := chartImage(root)
 	if err != nil {
 		return err
 	}
@@ -108,7 +105,7 @@ func run(root, out, push string) error {
 		fmt.Printf("pushed %s@%s\n", ref, digest)
 		return nil
 	}
-	tag, err := name.NewTag(Repository + ":" + version)
+	tag, err := name.NewTag(repository + ":" + version)
 	if err != nil {
 		return err
 	}
@@ -134,19 +131,30 @@ func goBuild(root, arch, cmd, out string) error {
 	return nil
 }
 
-// appVersion reads the chart's appVersion: the image's tag and version.
-func appVersion(root string) (string, error) {
-	data, err := os.ReadFile(filepath.Join(root, "charts", "tally", "Chart.yaml"))
-	if err != nil {
-		return "", err
-	}
+// chartImage reads the chart's appVersion (the image's tag and version)
+// and its default image.repository.
+func chartImage(root string) (version, repository string, err error) {
 	var chart struct {
 		AppVersion string `json:"appVersion"`
 	}
-	if err := yaml.Unmarshal(data, &chart); err != nil || chart.AppVersion == "" {
-		return "", fmt.Errorf("no appVersion in charts/tally/Chart.yaml: %v", err)
+	var values struct {
+		Image struct {
+			Repository string `json:"repository"`
+		} `json:"image"`
 	}
-	return chart.AppVersion, nil
+	for file, into := range map[string]any{"Chart.yaml": &chart, "values.yaml": &values} {
+		data, err := os.ReadFile(filepath.Join(root, "charts", "tally", file))
+		if err != nil {
+			return "", "", err
+		}
+		if err := yaml.Unmarshal(data, into); err != nil {
+			return "", "", fmt.Errorf("charts/tally/%s: %w", file, err)
+		}
+	}
+	if chart.AppVersion == "" || values.Image.Repository == "" {
+		return "", "", errors.New("charts/tally needs an appVersion (Chart.yaml) and an image.repository (values.yaml)")
+	}
+	return chart.AppVersion, values.Image.Repository, nil
 }
 
 // commit returns the revision and time of HEAD; the time stamps the image.

@@ -66,6 +66,10 @@ type Options struct {
 	Seed uint64
 	// Out receives the progress display and the verdict.
 	Out io.Writer
+	// Installed, when set, runs the scenario against a control plane where
+	// tally is already installed and running (the chart, and binaries the
+	// caller started): the demo starts only the operator and the kubelet.
+	Installed *Installed
 	// Redraw redraws one progress line (a terminal) instead of printing a
 	// line a second.
 	Redraw bool
@@ -97,8 +101,18 @@ type Demo struct {
 // API server.
 func (d *Demo) Kubeconfig() string { return d.kubeconfig }
 
+// Installed is a control plane with tally installed, for Options.Installed.
+type Installed struct {
+	// Env is the control plane; the demo does not stop it.
+	Env *framework.Env
+	// AggregatorMetrics is the running aggregator's metrics address
+	// (host:port, plain HTTP), from which the verdict counts its applies.
+	AggregatorMetrics string
+}
+
 // Start starts the control plane, the webhook and aggregator processes, the
-// operator and the simulated kubelet, and creates the demo namespace.
+// operator and the simulated kubelet, and creates the demo namespace; with
+// Options.Installed, only the operator and the kubelet.
 func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 	cfg, err := config.Load(opts.ConfigFile)
 	if err != nil {
@@ -114,6 +128,10 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 		return nil, err
 	}
 
+	if opts.Installed != nil {
+		d.client, d.aggregatorMetrics = opts.Installed.Env.Client, opts.Installed.AggregatorMetrics
+		return d, d.startWorkloads(ctx, opts.Installed.Env)
+	}
 	d.say("starting kube-apiserver and etcd")
 	if d.env, err = framework.Start(framework.Options{}); err != nil {
 		return nil, err
@@ -139,11 +157,17 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 	if err := d.StartAggregator(ctx); err != nil {
 		return nil, err
 	}
-	if err := d.startOperator(); err != nil {
-		return nil, err
+	return d, d.startWorkloads(ctx, d.env)
+}
+
+// startWorkloads starts the example operator and the simulated kubelet on
+// env, and creates the demo namespace.
+func (d *Demo) startWorkloads(ctx context.Context, env *framework.Env) error {
+	if err := d.startOperator(env); err != nil {
+		return err
 	}
 	if err := d.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
-		return nil, err
+		return err
 	}
 	kctx, cancel := context.WithCancel(context.Background())
 	d.stopKubelet, d.kubeletDone = cancel, make(chan struct{})
@@ -151,7 +175,7 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 		defer close(d.kubeletDone)
 		d.kubelet(kctx)
 	}()
-	return d, nil
+	return nil
 }
 
 func (d *Demo) say(format string, args ...any) {
@@ -264,13 +288,13 @@ func (d *Demo) StopAggregator() error {
 	return err
 }
 
-func (d *Demo) startOperator() error {
+func (d *Demo) startOperator(env *framework.Env) error {
 	logFile, err := os.Create(filepath.Join(d.logDir, "operator.log"))
 	if err != nil {
 		return err
 	}
 	log := zap.New(zap.WriteTo(logFile))
-	mgr, err := ctrl.NewManager(d.env.Config, manager.Options{
+	mgr, err := ctrl.NewManager(env.Config, manager.Options{
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Logger:                 log,

@@ -118,7 +118,7 @@ base64 fields ca, crt and key.
 {{- else -}}
 {{- $days := int .Values.certificates.helm.validityDays -}}
 {{- $ca := genCA (printf "%s-ca" (include "tally.webhook" .)) $days -}}
-{{- $cert := genSignedCert (include "tally.webhook" .) nil (include "tally.dnsNames" . | fromJsonArray) $days $ca -}}
+{{- $cert := genSignedCert (include "tally.webhook" .) .Values.certificates.helm.ipAddresses (include "tally.dnsNames" . | fromJsonArray) $days $ca -}}
 {{- $_ := set .Values.certificates.helm "generated" (dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc)) -}}
 {{- end -}}
 {{- end -}}

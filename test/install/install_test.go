@@ -1,0 +1,320 @@
+// Package install installs the chart for real (`helm install`, not
+// `helm template`) on a local control plane, in certificates.mode=helm, and
+// runs the real binaries as the chart's ServiceAccounts, with the installed
+// config and certificates and the installed registration: the demo scenario
+// passes, so the chart's RBAC is enough, and the service accounts hold
+// exactly the documented permissions, no more. Then `helm upgrade` and
+// `helm uninstall`.
+package install
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"tally.dev/tally/internal/demo"
+	"tally.dev/tally/internal/process"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/test/framework"
+)
+
+const (
+	release = framework.Release
+	ns      = framework.ReleaseNamespace
+)
+
+var (
+	env *framework.Env
+	bin string
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if bin, err = os.MkdirTemp("", "tally-install-bin-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := framework.Main(m, framework.Options{}, &env, func(*framework.Env) error {
+		return framework.BuildBinaries(bin, "webhook", "aggregator")
+	})
+	_ = os.RemoveAll(bin)
+	os.Exit(code)
+}
+
+// values tracks the example WorkerPool, and a kind held back (its CRD is
+// not installed): the aggregator serves the one and reports the other.
+const values = `parents:
+  - group: example.tally.dev
+    version: v1
+    kind: WorkerPool
+    resource: workerpools
+    counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected}
+  - group: held.tally.dev
+    version: v1
+    kind: HeldBackPool
+    resource: heldbackpools
+certificates:
+  mode: helm
+  helm:
+    ipAddresses: ["127.0.0.1"]
+`
+
+// kubeconfigAs writes a copy of the admin kubeconfig that impersonates the
+// chart's service account sa.
+func kubeconfigAs(t *testing.T, admin []byte, sa, path string) {
+	t.Helper()
+	cfg, err := clientcmd.Load(admin)
+	require.NoError(t, err)
+	for _, auth := range cfg.AuthInfos {
+		auth.Impersonate = "system:serviceaccount:" + ns + ":" + sa
+		auth.ImpersonateGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+	}
+	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
+}
+
+func start(t *testing.T, name string, args ...string) (*process.Process, string) {
+	t.Helper()
+	probe, err := framework.FreePort()
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", probe)
+	p, err := process.Start(name, filepath.Join(bin, name), t.TempDir(), append(args, "--health-probe-bind-address", addr)...)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = p.Stop()
+		if t.Failed() {
+			log, _ := os.ReadFile(p.LogPath())
+			t.Logf("%s's log:\n%s", name, log)
+		}
+	})
+	require.NoError(t, p.WaitReady(context.Background(), "http://"+addr+"/readyz"))
+	return p, addr
+}
+
+func TestInstallUpgradeUninstall(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	admin, err := env.AddUser(envtest.User{Name: "install-admin", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	adminConfig, err := admin.KubeConfig()
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, adminConfig, 0o600))
+	valuesFile := filepath.Join(dir, "values.yaml")
+	require.NoError(t, os.WriteFile(valuesFile, []byte(values), 0o600))
+	helm := func(args ...string) string {
+		out, err := framework.Helm(append(args, "--kubeconfig", kubeconfig)...)
+		require.NoError(t, err)
+		return out
+	}
+	helm("install", release, framework.Path("charts", "tally"), "--namespace", ns, "--create-namespace", "-f", valuesFile)
+
+	// The installed config and certificates, for the binaries.
+	var cm corev1.ConfigMap
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-config"}, &cm))
+	configFile := filepath.Join(dir, "config.yaml")
+	require.NoError(t, os.WriteFile(configFile, []byte(cm.Data["config.yaml"]), 0o600))
+	var secret corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-webhook-tls"}, &secret))
+	certDir := filepath.Join(dir, "tls")
+	require.NoError(t, os.MkdirAll(certDir, 0o700))
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		require.NoError(t, os.WriteFile(filepath.Join(certDir, f), secret.Data[f], 0o600))
+	}
+	kubeconfigAs(t, adminConfig, release+"-webhook", filepath.Join(dir, "webhook.kubeconfig"))
+	kubeconfigAs(t, adminConfig, release+"-aggregator", filepath.Join(dir, "aggregator.kubeconfig"))
+
+	port, err := framework.FreePort()
+	require.NoError(t, err)
+	start(t, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
+		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
+	metrics, err := framework.FreePort()
+	require.NoError(t, err)
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", metrics)
+	start(t, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
+		"--leader-elect", "--leader-election-namespace", ns, "--leader-election-id", release+"-aggregator",
+		"--metrics-bind-address", metricsAddr)
+
+	// The installed registration, pointed at the local webhook: only its
+	// clientConfig changes.
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: release}, &mwc))
+	installed := *mwc.Webhooks[0].ClientConfig.DeepCopy()
+	mwc.Webhooks[0].ClientConfig.Service = nil
+	mwc.Webhooks[0].ClientConfig.URL = ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path))
+	require.NoError(t, env.Client.Update(ctx, &mwc))
+	time.Sleep(2 * time.Second) // the API server picks the registration up asynchronously
+
+	d, err := demo.Start(ctx, demo.Options{
+		Dir: filepath.Join(dir, "demo"), ConfigFile: configFile, Duration: 12 * time.Second, Seed: 42, Out: t.Output(),
+		Installed: &demo.Installed{Env: env, AggregatorMetrics: metricsAddr},
+	})
+	require.NoError(t, err)
+	require.NoError(t, d.Run(ctx), "the demo scenario with tally running as the chart installed it")
+	require.NoError(t, d.Stop())
+
+	assertPermissions(t, ctx)
+
+	// Back to the Service, as installed, before Helm's three-way merge.
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: release}, &mwc))
+	mwc.Webhooks[0].ClientConfig = installed
+	require.NoError(t, env.Client.Update(ctx, &mwc))
+
+	// helm upgrade: new parents and log level roll the Deployments, keep the
+	// certificates, and register the webhook for the new parents.
+	var before appsv1.Deployment
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-aggregator"}, &before))
+	upgraded := strings.Replace(values, "kind: HeldBackPool\n    resource: heldbackpools", "kind: BatchPool\n    resource: batchpools", 1)
+	require.NoError(t, os.WriteFile(valuesFile, []byte(upgraded+"logLevel: debug\n"), 0o600))
+	helm("upgrade", release, framework.Path("charts", "tally"), "--namespace", ns, "-f", valuesFile)
+	var after appsv1.Deployment
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-aggregator"}, &after))
+	assert.NotEqual(t, before.Spec.Template.Annotations["checksum/config"], after.Spec.Template.Annotations["checksum/config"], "the config change does not roll the aggregator")
+	assert.Contains(t, after.Spec.Template.Spec.Containers[0].Args, "--zap-log-level=debug")
+	var kept corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-webhook-tls"}, &kept))
+	assert.Equal(t, secret.Data, kept.Data, "the upgrade replaced the certificates")
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: release}, &mwc))
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-config"}, &cm))
+	cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
+	require.NoError(t, err)
+	assert.Equal(t, "BatchPool", cfg.Parents[1].Kind)
+	assert.Equal(t, mutate.MatchExpression(cfg.Parents), mwc.Webhooks[0].MatchConditions[0].Expression)
+
+	// helm uninstall leaves nothing of tally.
+	helm("uninstall", release, "--namespace", ns, "--wait")
+	for _, gvk := range chartKinds {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(gvk)
+		require.NoError(t, env.Client.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": release}))
+		assert.Empty(t, list.Items, "%s left after helm uninstall", gvk.Kind)
+	}
+}
+
+// chartKinds are the kinds of object the chart creates.
+var chartKinds = []schema.GroupVersionKind{
+	{Group: "apps", Version: "v1", Kind: "DeploymentList"},
+	{Version: "v1", Kind: "ServiceList"},
+	{Version: "v1", Kind: "ServiceAccountList"},
+	{Version: "v1", Kind: "ConfigMapList"},
+	{Version: "v1", Kind: "SecretList"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleList"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleBindingList"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleList"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleBindingList"},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfigurationList"},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyList"},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyBindingList"},
+	{Group: "policy", Version: "v1", Kind: "PodDisruptionBudgetList"},
+	{Group: "networking.k8s.io", Version: "v1", Kind: "NetworkPolicyList"},
+}
+
+// permission is one verb on one resource (or non-resource URL), in a
+// namespace ("" for cluster-wide).
+type permission struct{ namespace, group, resource, name, verb string }
+
+// assertPermissions checks that the chart's service accounts hold exactly
+// the permissions docs/operating.md documents, through every binding that
+// names them.
+func assertPermissions(t *testing.T, ctx context.Context) {
+	t.Helper()
+	held := map[string][]permission{}
+	add := func(sa, namespace string, rules []rbacv1.PolicyRule) {
+		for _, r := range rules {
+			for _, v := range r.Verbs {
+				for _, g := range r.APIGroups {
+					for _, res := range r.Resources {
+						names := r.ResourceNames
+						if len(names) == 0 {
+							names = []string{""}
+						}
+						for _, n := range names {
+							held[sa] = append(held[sa], permission{namespace, g, res, n, v})
+						}
+					}
+				}
+				for _, u := range r.NonResourceURLs {
+					held[sa] = append(held[sa], permission{namespace, "", u, "", v})
+				}
+			}
+		}
+	}
+	subjectOf := func(subjects []rbacv1.Subject) []string {
+		var out []string
+		for _, s := range subjects {
+			if s.Kind == "ServiceAccount" && s.Namespace == ns {
+				out = append(out, s.Name)
+			}
+		}
+		return out
+	}
+	var crbs rbacv1.ClusterRoleBindingList
+	require.NoError(t, env.Client.List(ctx, &crbs))
+	for _, b := range crbs.Items {
+		for _, sa := range subjectOf(b.Subjects) {
+			var role rbacv1.ClusterRole
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: b.RoleRef.Name}, &role))
+			add(sa, "", role.Rules)
+		}
+	}
+	var rbs rbacv1.RoleBindingList
+	require.NoError(t, env.Client.List(ctx, &rbs, client.InNamespace(ns)))
+	for _, b := range rbs.Items {
+		for _, sa := range subjectOf(b.Subjects) {
+			var role rbacv1.Role
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: b.RoleRef.Name}, &role))
+			add(sa, ns, role.Rules)
+		}
+	}
+	metricsAuth := []permission{
+		{"", "authentication.k8s.io", "tokenreviews", "", "create"},
+		{"", "authorization.k8s.io", "subjectaccessreviews", "", "create"},
+	}
+	want := map[string][]permission{
+		release + "-aggregator": append([]permission{
+			{"", "", "pods", "", "get"}, {"", "", "pods", "", "list"}, {"", "", "pods", "", "watch"}, {"", "", "pods", "", "patch"},
+			{"", "example.tally.dev", "workerpools", "", "get"}, {"", "example.tally.dev", "workerpools", "", "list"}, {"", "example.tally.dev", "workerpools", "", "watch"},
+			{"", "example.tally.dev", "workerpools/status", "", "patch"},
+			{"", "held.tally.dev", "heldbackpools", "", "get"}, {"", "held.tally.dev", "heldbackpools", "", "list"}, {"", "held.tally.dev", "heldbackpools", "", "watch"},
+			{"", "held.tally.dev", "heldbackpools/status", "", "patch"},
+			{"", "events.k8s.io", "events", "", "create"}, {"", "events.k8s.io", "events", "", "patch"},
+			{"", "", "events", "", "create"}, {"", "", "events", "", "patch"},
+			{ns, "coordination.k8s.io", "leases", "", "create"},
+			{ns, "coordination.k8s.io", "leases", release + "-aggregator", "get"},
+			{ns, "coordination.k8s.io", "leases", release + "-aggregator", "update"},
+			{ns, "coordination.k8s.io", "leases", release + "-aggregator", "patch"},
+		}, metricsAuth...),
+		release + "-webhook": metricsAuth,
+	}
+	for sa, perms := range want {
+		got := held[sa]
+		sortPermissions(got)
+		sortPermissions(perms)
+		assert.Equal(t, perms, got, "permissions of %s", sa)
+	}
+	assert.Len(t, held, len(want), "service accounts with permissions: %v", held)
+}
+
+func sortPermissions(p []permission) {
+	slices.SortFunc(p, func(a, b permission) int {
+		return strings.Compare(fmt.Sprint(a), fmt.Sprint(b))
+	})
+}
