@@ -182,8 +182,11 @@ func (s *sweep) run(ctx context.Context) error {
 		return fmt.Errorf("listing misstamped pods: %w", err)
 	}
 	for _, obj := range misstamped {
+		if ctx.Err() != nil {
+			break
+		}
 		cached, ok := obj.(*Pod)
-		if !ok || ctx.Err() != nil {
+		if !ok {
 			continue
 		}
 		pod := podMeta(cached.Namespace, cached.Name)

@@ -48,14 +48,7 @@ func parentOf(gvk schema.GroupVersionKind, counts map[config.Count]string) confi
 func mixedPods(gvk schema.GroupVersionKind, ns, parent string, uid types.UID, n int) []*corev1.Pod {
 	pods := make([]*corev1.Pod, n)
 	for i := range pods {
-		b := member(gvk, ns, parent, uid, fmt.Sprintf("%s-%03d", strings.ToLower(parent), i))
-		if i%3 == 0 {
-			b = b.Annotation(keys.CompletionIntent, "scale-down")
-		}
-		if i%7 == 0 {
-			b = b.Phase(corev1.PodSucceeded)
-		}
-		pods[i] = b.Build()
+		pods[i] = member(gvk, ns, parent, uid, fmt.Sprintf("%s-%03d", strings.ToLower(parent), i)).Mixed(i).Build()
 	}
 	return pods
 }

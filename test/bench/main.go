@@ -56,19 +56,32 @@ func main() {
 	tracked := flag.Int("tracked", 1_000, "sweep: pods of a tracked kind among them, unlabelled")
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	var err error
-	switch *scenario {
-	case "counts":
-		err = run(*parents, *podsPer, *burst, *rate, *steady)
-	case "sweep":
-		err = runSweep(*total, *tracked)
-	default:
-		err = fmt.Errorf("unknown scenario %q", *scenario)
-	}
+	err := withControlPlane(func(env *framework.Env) error {
+		switch *scenario {
+		case "counts":
+			return run(env, *parents, *podsPer, *burst, *rate, *steady)
+		case "sweep":
+			return runSweep(env, *total, *tracked)
+		}
+		return fmt.Errorf("unknown scenario %q", *scenario)
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// withControlPlane runs f on a new control plane with the bench namespace.
+func withControlPlane(f func(*framework.Env) error) error {
+	env, err := framework.Start(framework.Options{})
+	if err != nil {
+		return err
+	}
+	defer env.Stop()
+	if err := env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return err
+	}
+	return f(env)
 }
 
 type parent struct {
@@ -77,17 +90,9 @@ type parent struct {
 	pods []*corev1.Pod
 }
 
-func run(nParents, podsPer, burst, rate int, steady time.Duration) error {
+func run(env *framework.Env, nParents, podsPer, burst, rate int, steady time.Duration) error {
 	ctx := context.Background()
-	env, err := framework.Start(framework.Options{})
-	if err != nil {
-		return err
-	}
-	defer env.Stop()
 	c := env.Client
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		return err
-	}
 
 	start := time.Now()
 	parents := make([]*parent, nParents)

@@ -10,7 +10,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -29,17 +28,9 @@ import (
 // sweep at install (which stamps the tracked pods), then a steady-state
 // sweep (nothing left to stamp). The baseline is a plain paginated List of
 // the same pods, as any controller's informer does at start-up.
-func runSweep(total, tracked int) error {
+func runSweep(env *framework.Env, total, tracked int) error {
 	ctx := context.Background()
-	env, err := framework.Start(framework.Options{})
-	if err != nil {
-		return err
-	}
-	defer env.Stop()
 	c := env.Client
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		return err
-	}
 	pool := builder.WorkerPool(ns, "pool-a", int64(tracked))
 	if err := c.Create(ctx, pool); err != nil {
 		return err

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+
+	"tally.dev/tally/pkg/keys"
 )
 
 // WorkerPoolGVK is the example parent kind (examples/workerpool).
@@ -77,6 +79,19 @@ func (b *PodBuilder) Annotation(k, v string) *PodBuilder {
 // Finalizer adds a finalizer, which keeps a deleted pod terminating.
 func (b *PodBuilder) Finalizer(f string) *PodBuilder {
 	b.pod.Finalizers = append(b.pod.Finalizers, f)
+	return b
+}
+
+// Mixed gives the i-th pod of a parent one of the states the counts tell
+// apart: every third carries a completion intent, every seventh has
+// succeeded (a phase the kubelet sets, through the status).
+func (b *PodBuilder) Mixed(i int) *PodBuilder {
+	if i%3 == 0 {
+		b = b.Annotation(keys.CompletionIntent, "scale-down")
+	}
+	if i%7 == 0 {
+		b = b.Phase(corev1.PodSucceeded)
+	}
 	return b
 }
 

@@ -177,14 +177,7 @@ func createPool(t *testing.T, ns, name string) types.UID {
 func podsOf(ns, parent string, uid types.UID, from, n int) []*corev1.Pod {
 	pods := make([]*corev1.Pod, n)
 	for i := range pods {
-		b := builder.Pod(ns, fmt.Sprintf("%s-%03d", parent, from+i)).ControlledBy(builder.WorkerPoolGVK, parent, uid)
-		if i%3 == 0 {
-			b = b.Annotation(keys.CompletionIntent, "scale-down")
-		}
-		if i%7 == 0 {
-			b = b.Phase(corev1.PodSucceeded)
-		}
-		pods[i] = b.Build()
+		pods[i] = builder.Pod(ns, fmt.Sprintf("%s-%03d", parent, from+i)).ControlledBy(builder.WorkerPoolGVK, parent, uid).Mixed(i).Build()
 	}
 	return pods
 }
