@@ -2,9 +2,12 @@
 // (`make image`, `make push`): the commands of cmd/ that ship in it,
 // statically linked for linux/amd64 and linux/arm64, in one OCI index,
 // tagged <image.repository>:<appVersion> from the chart's values and
-// Chart.yaml (the chart's default image is this one). It writes an archive (--out) or pushes to a registry
-// (--push). The same sources give the same digest: binaries are built with
-// -trimpath and no build ID, and every timestamp is the last commit's.
+// Chart.yaml (the chart's default image is this one). It writes an archive
+// (--out) or pushes to a registry (--push). The same sources give the same
+// digest: binaries are built with -trimpath and no build ID, and every
+// timestamp is the last commit's. With --cmd it builds the same way an image
+// of other commands of the repository (the one-node cluster's pause image,
+// the WorkerPool example's operator and worker).
 package main
 
 import (
@@ -13,8 +16,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,52 +42,78 @@ func main() {
 	out := flag.String("out", "", "write the image as an OCI layout archive to this file")
 	push := flag.String("push", "", "push the image index to this reference (registry/repository:tag)")
 	root := flag.String("root", ".", "the repository's root")
+	cmds := flag.String("cmd", "", "comma-separated packages to build into the image instead of tally's commands (./examples/workerpool/cmd/worker,...)")
+	tag := flag.String("tag", "", "the image's reference in the archive (default <image.repository>:<appVersion> of the chart)")
+	entrypoint := flag.String("entrypoint", "", "the image's entrypoint (default none: the pod names the command)")
+	arches := flag.String("arch", "amd64,arm64", "comma-separated architectures")
 	flag.Parse()
 	if (*out == "") == (*push == "") {
 		fmt.Fprintln(os.Stderr, "image: give exactly one of --out FILE and --push REF")
 		os.Exit(2)
 	}
-	if err := run(*root, *out, *push); err != nil {
+	b := build{root: *root, tag: *tag, entrypoint: *entrypoint, arches: strings.Split(*arches, ",")}
+	if *cmds != "" {
+		b.packages = strings.Split(*cmds, ",")
+	}
+	if err := b.run(*out, *push); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
-func run(root, out, push string) error {
-	version, repository, err := chartImage(root)
-	if err != nil {
-		return err
-	}
-	revision, created, err := commit(root)
-	if err != nil {
-		return err
-	}
-	build, err := os.MkdirTemp("", "tally-image-build-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(build)
+// build is what to build: tally's image, or (packages set) an image of other
+// commands of the repository, such as the examples' operator and worker.
+type build struct {
+	root, tag, entrypoint string
+	packages, arches      []string
+}
 
+func (b build) run(out, push string) error {
+	version, repository, err := chartImage(b.root)
+	if err != nil {
+		return err
+	}
+	revision, created, err := commit(b.root)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "tally-image-build-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	title, packages := "tally", b.packages
+	if packages == nil {
+		for _, cmd := range commands {
+			if _, err := os.Stat(filepath.Join(b.root, "cmd", cmd)); err == nil {
+				packages = append(packages, "./cmd/"+cmd)
+			}
+		}
+	} else {
+		title = path.Base(packages[0])
+	}
 	opts := image.Options{
 		Created: created,
 		Labels: map[string]string{
 			"org.opencontainers.image.source":   Source,
 			"org.opencontainers.image.version":  version,
 			"org.opencontainers.image.revision": revision,
-			"org.opencontainers.image.title":    "tally",
+			"org.opencontainers.image.title":    title,
 		},
 	}
-	for _, arch := range []string{"amd64", "arm64"} {
+	if b.entrypoint != "" {
+		opts.Entrypoint = []string{b.entrypoint}
+	}
+	for _, arch := range b.arches {
 		p := image.Platform{OS: "linux", Architecture: arch, Binaries: map[string]string{}}
-		for _, cmd := range commands {
-			if _, err := os.Stat(filepath.Join(root, "cmd", cmd)); err != nil {
-				continue
-			}
-			bin := filepath.Join(build, arch, cmd)
-			if err := goBuild(root, arch, cmd, bin); err != nil {
+		for _, pkg := range packages {
+			name := path.Base(pkg)
+			bin := filepath.Join(dir, arch, name)
+			if err := goBuild(b.root, arch, pkg, bin); err != nil {
 				return err
 			}
-			p.Binaries[cmd] = bin
+			p.Binaries[name] = bin
 		}
 		opts.Platforms = append(opts.Platforms, p)
 	}
@@ -105,13 +136,17 @@ func run(root, out, push string) error {
 		fmt.Printf("pushed %s@%s\n", ref, digest)
 		return nil
 	}
-	tag, err := name.NewTag(repository + ":" + version)
+	ref := b.tag
+	if ref == "" {
+		ref = repository + ":" + version
+	}
+	tag, err := name.NewTag(ref)
 	if err != nil {
 		return err
 	}
 	hostArch := runtime.GOARCH
-	if hostArch != "arm64" {
-		hostArch = "amd64"
+	if !slices.Contains(b.arches, hostArch) {
+		hostArch = b.arches[0]
 	}
 	if err := image.WriteArchive(idx, tag, hostArch, created, out); err != nil {
 		return err
@@ -120,13 +155,13 @@ func run(root, out, push string) error {
 	return nil
 }
 
-// goBuild builds cmd/<cmd> statically for linux/arch, reproducibly.
-func goBuild(root, arch, cmd, out string) error {
-	c := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", out, "./cmd/"+cmd)
+// goBuild builds the package pkg statically for linux/arch, reproducibly.
+func goBuild(root, arch, pkg, out string) error {
+	c := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", out, pkg)
 	c.Dir = root
 	c.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
 	if b, err := c.CombinedOutput(); err != nil {
-		return fmt.Errorf("building %s for linux/%s: %w: %s", cmd, arch, err, b)
+		return fmt.Errorf("building %s for linux/%s: %w: %s", pkg, arch, err, b)
 	}
 	return nil
 }

@@ -43,6 +43,9 @@ type Options struct {
 	Created time.Time
 	// Labels are the image config's labels (org.opencontainers.image.*).
 	Labels map[string]string
+	// Entrypoint is the image's entrypoint; tally's image has none (it
+	// holds several commands; the chart names one).
+	Entrypoint []string
 }
 
 // Index builds the OCI index of one image per platform.
@@ -87,7 +90,7 @@ func platformImage(p Platform, opts Options) (v1.Image, error) {
 	cfg.Config.User = User
 	cfg.Config.Labels = opts.Labels
 	cfg.Config.Env = []string{"PATH=/"}
-	// No entrypoint: the image holds several commands; the chart names one.
+	cfg.Config.Entrypoint = opts.Entrypoint
 	cfg.History = []v1.History{{Created: v1.Time{Time: opts.Created}, CreatedBy: "tally make image", Comment: "statically linked binaries"}}
 	img, err = mutate.ConfigFile(img, cfg)
 	if err != nil {

@@ -1,7 +1,8 @@
 // Package operator is a small WorkerPool operator that relies on tally
 // instead of keeping counters. It creates pods with a controller
 // ownerReference up to spec.replicas, marks surplus pods with a completion
-// intent on scale-down, and deletes pods once they have finished. It never
+// intent on scale-down (and, with StopMarked, stops them), and deletes pods
+// once they have finished. It never
 // writes the counts: status.active, completing, completed and unexpected are
 // tally's.
 package operator
@@ -40,6 +41,12 @@ type Reconciler struct {
 	Client client.Client
 	// Image is the worker pods' image.
 	Image string
+	// WorkerEnv is added to every worker's environment.
+	WorkerEnv []corev1.EnvVar
+	// StopMarked deletes the pods it marks for completion: their workers
+	// drain and exit 0 on SIGTERM. Without it the workers are expected to
+	// notice the intent themselves.
+	StopMarked bool
 }
 
 // SetupWithManager watches WorkerPools and the pods tally labels with their
@@ -83,6 +90,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 		case !marked:
 			running = append(running, pod)
+		case r.StopMarked:
+			if err := r.stop(ctx, pod); err != nil {
+				return reconcile.Result{}, err
+			}
 		}
 	}
 
@@ -114,13 +125,28 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return b.CreationTimestamp.Compare(a.CreationTimestamp.Time)*1000 + strings.Compare(b.Name, a.Name)
 		})
 		for _, pod := range running[:have-replicas] {
-			if err := intent.MarkForCompletion(ctx, r.Client, pod, ScaleDown); err != nil && !apierrors.IsNotFound(err) {
+			err := intent.MarkForCompletion(ctx, r.Client, pod, ScaleDown)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
 				return reconcile.Result{}, err
+			}
+			if r.StopMarked {
+				if err := r.stop(ctx, pod); err != nil {
+					return reconcile.Result{}, err
+				}
 			}
 		}
 		log.V(1).Info("Marked pods for completion", "count", have-replicas)
 	}
 	return reconcile.Result{}, nil
+}
+
+// stop deletes a pod marked for completion; the intent is recorded first,
+// so its end counts as completed, not unexpected.
+func (r *Reconciler) stop(ctx context.Context, pod *corev1.Pod) error {
+	return client.IgnoreNotFound(r.Client.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}))
 }
 
 func (r *Reconciler) newPod(pool *unstructured.Unstructured, name string) *corev1.Pod {
@@ -135,14 +161,17 @@ func (r *Reconciler) newPod(pool *unstructured.Unstructured, name string) *corev
 			}},
 		},
 		Spec: corev1.PodSpec{
+			// A worker that exits is replaced by a new pod, not restarted:
+			// its end is final, and counted.
+			RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{
 				Name:  "worker",
 				Image: r.Image,
 				// The worker reads its completion intent through the
 				// downward API and exits once its work is handed off.
-				Env: []corev1.EnvVar{{Name: "COMPLETION_INTENT", ValueFrom: &corev1.EnvVarSource{
+				Env: append([]corev1.EnvVar{{Name: "COMPLETION_INTENT", ValueFrom: &corev1.EnvVarSource{
 					FieldRef: &corev1.ObjectFieldSelector{FieldPath: fmt.Sprintf("metadata.annotations['%s']", keys.CompletionIntent)},
-				}}},
+				}}}, r.WorkerEnv...),
 			}},
 		},
 	}
