@@ -18,6 +18,16 @@ ETCD := $(ENVTEST_DIR)/etcd
 STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 HELM := $(BIN)/helm-$(HELM_VERSION)
 CERT_MANAGER_CRDS := $(BIN)/cert-manager-crds-$(CERT_MANAGER_VERSION)
+NODE_BINARIES := $(addprefix $(ENVTEST_DIR)/,kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
+
+# The one-node cluster (make cluster-up): state, kubeconfig and logs under
+# CLUSTER_DIR; the images it imports, built like the tally image.
+CLUSTER_DIR := $(CURDIR)/.cluster
+GOARCH := $(shell go env GOARCH)
+PAUSE_IMAGE := tally.local/pause:dev
+OPERATOR_IMAGE := tally.local/workerpool-operator:dev
+WORKER_IMAGE := tally.local/worker:dev
+CLUSTER_IMAGES := $(BIN)/tally-image.tar $(BIN)/pause-image.tar $(BIN)/workerpool-operator-image.tar $(BIN)/worker-image.tar
 
 export HELM
 export CERT_MANAGER_CRDS
@@ -70,6 +80,42 @@ $(ETCD):
 	@mkdir -p $(ENVTEST_DIR)
 	cd hack/envtest && go build -o $@ ./etcd
 
+$(NODE_BINARIES):
+	@echo ">> building $(notdir $@) $(KUBERNETES_VERSION) from source"
+	@mkdir -p $(ENVTEST_DIR)
+	cd hack/envtest && go build -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+
+.PHONY: cluster-binaries
+cluster-binaries: envtest-assets $(NODE_BINARIES) ## Build the node's binaries (kubelet, kube-proxy, ...) beside kube-apiserver.
+
+.PHONY: cluster-images
+cluster-images: image ## Build the images the one-node cluster imports: tally, pause, the WorkerPool example's operator and worker.
+	go run ./hack/image --arch $(GOARCH) --cmd ./hack/cluster/pause --entrypoint /pause --tag $(PAUSE_IMAGE) --out $(BIN)/pause-image.tar
+	go run ./hack/image --arch $(GOARCH) --cmd ./examples/workerpool/cmd/operator --entrypoint /operator --tag $(OPERATOR_IMAGE) --out $(BIN)/workerpool-operator-image.tar
+	go run ./hack/image --arch $(GOARCH) --cmd ./examples/workerpool/cmd/worker --entrypoint /worker --tag $(WORKER_IMAGE) --out $(BIN)/worker-image.tar
+
+CLUSTER := $(BIN)/cluster
+CLUSTER_UP := $(CLUSTER) up --dir $(CLUSTER_DIR) --bin $(ENVTEST_DIR) --sandbox-image $(PAUSE_IMAGE) $(addprefix --load ,$(CLUSTER_IMAGES))
+CLUSTER_DOWN := $(CLUSTER) down --dir $(CLUSTER_DIR) --check
+
+.PHONY: $(CLUSTER)
+$(CLUSTER):
+	go build -o $@ ./hack/cluster
+
+.PHONY: cluster-up
+cluster-up: $(CLUSTER) cluster-binaries cluster-images ## Start a one-node cluster on this host (root, Linux); kubeconfig: .cluster/admin.kubeconfig.
+	$(CLUSTER_UP)
+
+.PHONY: cluster-down
+cluster-down: $(CLUSTER) ## Stop the one-node cluster and restore the host (fails if anything is left).
+	$(CLUSTER_DOWN)
+
+.PHONY: e2e-cluster
+e2e-cluster: $(CLUSTER) cluster-binaries cluster-images $(HELM) ## On a one-node cluster: install the chart for real and run the scenario on real pods; restores the host.
+	@trap 'rc=$$?; $(CLUSTER_DOWN) || rc=1; exit $$rc' EXIT; \
+	$(CLUSTER_UP) && \
+	TALLY_CLUSTER_DIR=$(CLUSTER_DIR) go test ./test/cluster -count=1 -v -timeout 40m
+
 # helm, built from source with the version stamps its release build sets.
 HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
 	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37 \
@@ -99,9 +145,14 @@ test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) ## Run unit tests, fuzz seed c
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: demo
-demo: build envtest-assets $(HELM) ## Run tally on a local control plane and drive the scale-down scenario (DEMO_DURATION, default 60s).
+demo: build envtest-assets $(HELM) $(if $(filter real,$(DEMO_CLUSTER)),$(CLUSTER) cluster-binaries cluster-images) ## Run tally on a local control plane and drive the scale-down scenario (DEMO_DURATION, default 60s; DEMO_CLUSTER=real: on a one-node cluster, root only).
 	@echo ">> running the demo (kubeconfig, certificates and logs in .demo/)"
-	go run ./cmd/tally-demo --duration $(DEMO_DURATION)
+	@if [ "$(DEMO_CLUSTER)" = real ]; then \
+		trap 'rc=$$?; $(CLUSTER_DOWN) || rc=1; exit $$rc' EXIT; \
+		$(CLUSTER_UP) && go run ./cmd/tally-demo --duration $(DEMO_DURATION) --cluster $(CLUSTER_DIR); \
+	else \
+		go run ./cmd/tally-demo --duration $(DEMO_DURATION); \
+	fi
 
 .PHONY: fuzz
 fuzz: ## Fuzz the webhook's request path for FUZZ_TIME (default 30s) per target.

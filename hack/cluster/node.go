@@ -1,0 +1,435 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// cluster is one cluster's state directory and binaries.
+type cluster struct {
+	dir, bin string
+	// sandboxImage is the pause image containerd runs for every pod; one of
+	// the images up loads must hold it.
+	sandboxImage string
+}
+
+func (c *cluster) path(elem ...string) string {
+	return filepath.Join(append([]string{c.dir}, elem...)...)
+}
+
+// components in start order; down stops them in reverse, the node ones first.
+var components = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet", "kube-proxy"}
+
+// packages are the Debian packages the node needs, by a file each installs.
+var packages = map[string]string{
+	"/usr/bin/containerd":   "containerd",
+	"/usr/bin/ctr":          "containerd",
+	"/usr/sbin/runc":        "runc",
+	"/usr/lib/cni/bridge":   "containernetworking-plugins",
+	"/usr/sbin/nft":         "nftables",
+	"/usr/sbin/iptables":    "iptables",
+	"/usr/sbin/conntrack":   "conntrack",
+	"/usr/sbin/ip":          "iproute2",
+	"/usr/bin/mountpoint":   "util-linux",
+	"/usr/lib/cni/loopback": "containernetworking-plugins",
+}
+
+// up starts the cluster; if it cannot, it takes down what it started.
+func (c *cluster) up(images []string) (err error) {
+	start := time.Now()
+	if _, err := os.Stat(c.path("host.json")); err == nil {
+		fmt.Println(">> a cluster from an earlier run is recorded: taking it down first")
+		if err := c.down(false); err != nil {
+			return fmt.Errorf("taking the earlier cluster down: %w", err)
+		}
+	}
+	for _, name := range components {
+		if _, err := os.Stat(filepath.Join(c.bin, name)); err != nil && name != "containerd" {
+			return fmt.Errorf("%s is missing from %s (make cluster-binaries builds it)", name, c.bin)
+		}
+	}
+	if err := installPackages(); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(c.dir); err != nil {
+		return err
+	}
+	for _, d := range []string{"logs", "pids", "cni", "etcd"} {
+		if err := os.MkdirAll(c.path(d), 0o755); err != nil {
+			return err
+		}
+	}
+	before, err := snapshot(c)
+	if err != nil {
+		return err
+	}
+	if err := before.save(c.path("host.json")); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			fmt.Printf(">> the cluster did not start (%v): taking it down\n", err)
+			if downErr := c.down(false); downErr != nil {
+				err = errors.Join(err, downErr)
+			}
+		}
+	}()
+	if err := c.network(); err != nil {
+		return err
+	}
+	if err := writePKI(c.dir); err != nil {
+		return err
+	}
+	if err := c.writeConfigs(); err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pki := func(f string) string { return c.path("pki", f) }
+	steps := []struct {
+		name  string
+		args  []string
+		ready func(context.Context) error
+	}{
+		{"etcd", []string{"--name", "default", "--data-dir", c.path("etcd"),
+			"--listen-client-urls", etcdClient, "--advertise-client-urls", etcdClient,
+			"--listen-peer-urls", etcdPeer, "--initial-advertise-peer-urls", etcdPeer,
+			"--initial-cluster", "default=" + etcdPeer, "--unsafe-no-fsync"},
+			httpReady(etcdClient+"/health", nil)},
+		{"kube-apiserver", []string{"--etcd-servers", etcdClient,
+			"--bind-address", nodeIP, "--advertise-address", nodeIP, "--secure-port", apiPort,
+			"--service-cluster-ip-range", serviceCIDR, "--client-ca-file", pki("ca.crt"),
+			"--tls-cert-file", pki("apiserver.crt"), "--tls-private-key-file", pki("apiserver.key"),
+			"--service-account-key-file", pki("sa.pub"), "--service-account-signing-key-file", pki("sa.key"),
+			"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+			"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
+			"--kubelet-client-certificate", pki("apiserver-kubelet-client.crt"), "--kubelet-client-key", pki("apiserver-kubelet-client.key"),
+			"--kubelet-preferred-address-types", "InternalIP", "--allow-privileged", "--cert-dir", c.path("pki", "apiserver-generated")},
+			c.apiReady},
+		{"kube-controller-manager", []string{"--kubeconfig", c.path("controller-manager.kubeconfig"),
+			"--authentication-kubeconfig", c.path("controller-manager.kubeconfig"), "--authorization-kubeconfig", c.path("controller-manager.kubeconfig"),
+			"--bind-address", "127.0.0.1", "--leader-elect=false", "--use-service-account-credentials",
+			"--service-account-private-key-file", pki("sa.key"), "--root-ca-file", pki("ca.crt"),
+			"--cluster-signing-cert-file", pki("ca.crt"), "--cluster-signing-key-file", pki("ca.key"),
+			"--flex-volume-plugin-dir", c.path("kubelet", "flex"), "--cert-dir", c.path("pki", "controller-manager-generated")},
+			httpReady("https://127.0.0.1:10257/healthz", nil)},
+		{"kube-scheduler", []string{"--kubeconfig", c.path("scheduler.kubeconfig"),
+			"--authentication-kubeconfig", c.path("scheduler.kubeconfig"), "--authorization-kubeconfig", c.path("scheduler.kubeconfig"),
+			"--bind-address", "127.0.0.1", "--leader-elect=false", "--cert-dir", c.path("pki", "scheduler-generated")},
+			httpReady("https://127.0.0.1:10259/healthz", nil)},
+		{"containerd", []string{"--config", c.path("containerd.toml")}, c.containerdReady},
+		{"kubelet", []string{"--config", c.path("kubelet.yaml"), "--kubeconfig", c.path("kubelet.kubeconfig"),
+			"--root-dir", c.path("kubelet", "root"), "--cert-dir", c.path("kubelet", "pki"),
+			"--node-ip", nodeIP, "--hostname-override", nodeName},
+			c.nodeReady},
+		{"kube-proxy", []string{"--config", c.path("kube-proxy.yaml")}, httpReady("http://127.0.0.1:10256/healthz", nil)},
+	}
+	for _, s := range steps {
+		t := time.Now()
+		if s.name == "kubelet" {
+			// The sandbox image must be in containerd before the first pod.
+			if err := c.load(images); err != nil {
+				return err
+			}
+		}
+		if err := c.start(s.name, s.args); err != nil {
+			return err
+		}
+		if err := waitFor(ctx, s.name, s.ready); err != nil {
+			return fmt.Errorf("%w (log: %s)", err, c.path("logs", s.name+".log"))
+		}
+		fmt.Printf(">> %-24s ready in %v\n", s.name, time.Since(t).Round(10*time.Millisecond))
+	}
+	if err := c.defaultServiceAccount(ctx); err != nil {
+		return err
+	}
+	fmt.Printf(">> cluster ready in %v; kubeconfig: %s\n", time.Since(start).Round(100*time.Millisecond), c.path("admin.kubeconfig"))
+	return nil
+}
+
+// installPackages installs the Debian packages the node needs when missing.
+func installPackages() error {
+	var missing []string
+	seen := map[string]bool{}
+	for file, pkg := range packages {
+		if _, err := os.Stat(file); err != nil && !seen[pkg] {
+			seen[pkg] = true
+			missing = append(missing, pkg)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	fmt.Printf(">> installing Debian packages: %s\n", strings.Join(missing, " "))
+	install := func() error {
+		cmd := exec.Command("apt-get", append([]string{"install", "-y", "--no-install-recommends"}, missing...)...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("apt-get install %s: %w\n%s", strings.Join(missing, " "), err, out)
+		}
+		return nil
+	}
+	if install() == nil {
+		return nil
+	}
+	if out, err := exec.Command("apt-get", "update").CombinedOutput(); err != nil {
+		return fmt.Errorf("apt-get update: %w\n%s", err, out)
+	}
+	return install()
+}
+
+// network creates the bridge with the node's address, routes the Service
+// range onto it, and adds the guard table.
+func (c *cluster) network() error {
+	cmds := [][]string{
+		{"ip", "link", "add", bridgeName, "type", "bridge"},
+		{"ip", "addr", "add", nodeIP + "/24", "dev", bridgeName},
+		{"ip", "link", "set", bridgeName, "up"},
+		{"ip", "route", "add", serviceCIDR, "dev", bridgeName},
+		{"nft", "add", "table", "inet", guardTable},
+		{"nft", "add", "chain", "inet", guardTable, "forward", "{ type filter hook forward priority -10 ; policy accept ; }"},
+		{"nft", "add", "rule", "inet", guardTable, "forward", "iifname", bridgeName, "oifname", "!=", bridgeName, "counter", "drop"},
+	}
+	for _, args := range cmds {
+		if err := run(args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeConfigs writes the node's configuration files.
+func (c *cluster) writeConfigs() error {
+	files := map[string]string{
+		"containerd.toml": fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+
+[grpc]
+  address = %[3]q
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[4]q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %[5]q
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %[6]q
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+`, c.path("containerd", "root"), filepath.Join(runDir, "containerd"), containerdSocket, c.path("containerd", "opt"), c.sandboxImage, c.path("cni")),
+		"cni/10-tally.conflist": fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "tally",
+  "plugins": [
+    {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "rangeStart": "10.244.0.10", "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "loopback"}
+  ]
+}
+`, bridgeName, c.path("cni", "ipam"), podCIDR, nodeIP),
+		"kubelet.yaml": fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# The hosts run cgroup v1, which kubelet refuses by default since 1.35.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+# Without CAP_SYS_RESOURCE no process may lower its oom_score_adj.
+oomScoreAdj: 0
+containerRuntimeEndpoint: unix://%s
+address: %s
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %q}
+authorization: {mode: Webhook}
+podLogsDir: %q
+volumePluginDir: %q
+failSwapOn: false
+clusterDomain: cluster.local
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%%, imagefs.available: 1%%, nodefs.inodesFree: 1%%}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+maxPods: 250
+`, containerdSocket, nodeIP, c.path("pki", "ca.crt"), c.path("kubelet", "pod-logs"), c.path("kubelet", "volume-plugins")),
+		"kube-proxy.yaml": fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {kubeconfig: %q}
+hostnameOverride: %s
+clusterCIDR: %s
+detectLocalMode: ClusterCIDR
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: [%s/32]
+# Leave the host's conntrack sysctls alone.
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
+`, c.path("kube-proxy.kubeconfig"), nodeName, podCIDR, nodeIP),
+	}
+	for name, content := range files {
+		if err := os.WriteFile(c.path(name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// containerdSocket is where containerd serves, for the kubelet and ctr.
+const containerdSocket = runDir + "/containerd.sock"
+
+// start runs a component in its own session, so that it outlives this
+// command, with its output in logs/<name>.log and its PID in pids/<name>.
+func (c *cluster) start(name string, args []string) error {
+	bin := filepath.Join(c.bin, name)
+	if name == "containerd" {
+		bin = "/usr/bin/containerd"
+	}
+	log, err := os.OpenFile(c.path("logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	if err := os.WriteFile(c.path("pids", name), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		return err
+	}
+	return cmd.Process.Release()
+}
+
+// load imports image archives into containerd's Kubernetes namespace.
+func (c *cluster) load(images []string) error {
+	for _, img := range images {
+		if err := run("ctr", "--address", containerdSocket, "--namespace", "k8s.io", "images", "import", "--no-unpack", img); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func waitFor(ctx context.Context, name string, ready func(context.Context) error) error {
+	var err error
+	for {
+		if err = ready(ctx); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not become ready: %w", name, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// httpReady answers whether url answers 200; TLS is not verified (the
+// components' own self-signed serving certificates).
+func httpReady(url string, cert *tls.Certificate) func(context.Context) error {
+	tlsConfig := &tls.Config{InsecureSkipVerify: true}
+	if cert != nil {
+		tlsConfig.Certificates = []tls.Certificate{*cert}
+	}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig}}
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s answered %s", url, resp.Status)
+		}
+		return nil
+	}
+}
+
+func (c *cluster) apiReady(ctx context.Context) error {
+	cert, err := tls.LoadX509KeyPair(c.path("pki", "admin.crt"), c.path("pki", "admin.key"))
+	if err != nil {
+		return err
+	}
+	return httpReady("https://"+nodeIP+":"+apiPort+"/readyz", &cert)(ctx)
+}
+
+func (c *cluster) containerdReady(context.Context) error {
+	return exec.Command("ctr", "--address", containerdSocket, "version").Run()
+}
+
+func (c *cluster) clientset() (*kubernetes.Clientset, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.path("admin.kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = 10 * time.Second
+	return kubernetes.NewForConfig(cfg)
+}
+
+func (c *cluster) nodeReady(ctx context.Context) error {
+	cs, err := c.clientset()
+	if err != nil {
+		return err
+	}
+	node, err := cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	for _, cond := range node.Status.Conditions {
+		if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+			return nil
+		}
+	}
+	return errors.New("node not Ready yet")
+}
+
+// defaultServiceAccount waits until the controller manager has created the
+// default namespace's service account, without which no pod is admitted.
+func (c *cluster) defaultServiceAccount(ctx context.Context) error {
+	cs, err := c.clientset()
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, "the default service account", func(ctx context.Context) error {
+		_, err := cs.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
+}
+
+func run(args ...string) error {
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
