@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"golang.org/x/term"
+	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"tally.dev/tally/internal/demo"
@@ -35,14 +37,15 @@ func main() {
 	flag.StringVar(&opts.Dir, "dir", ".demo", "Directory for the kubeconfig, certificates and logs.")
 	flag.StringVar(&opts.BinDir, "bin", "bin", "Directory holding the webhook and aggregator binaries.")
 	flag.StringVar(&opts.ConfigFile, "config", "examples/workerpool/config.yaml", "tally configuration file.")
+	clusterDir := flag.String("cluster", "", "State directory of a one-node cluster (make cluster-up): install the chart and the example operator there and run the scenario on real pods (make demo DEMO_CLUSTER=real).")
 	flag.Parse()
-	if err := run(opts); err != nil {
+	if err := run(opts, *clusterDir); err != nil {
 		fmt.Fprintln(os.Stderr, "tally-demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(opts demo.Options) (err error) {
+func run(opts demo.Options, clusterDir string) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fmt.Printf("demo: seed %d, scenario of %s\n", opts.Seed, opts.Duration)
@@ -55,15 +58,58 @@ func run(opts demo.Options) (err error) {
 	}
 	defer logFile.Close()
 	ctrl.SetLogger(zap.New(zap.WriteTo(logFile)))
+	if clusterDir != "" {
+		if opts.Cluster, err = installOnCluster(ctx, clusterDir, opts.Dir); err != nil {
+			return err
+		}
+		defer func() {
+			fmt.Println("demo: helm uninstall, and the operator removed")
+			if uninstallErr := opts.Cluster.Uninstall(context.Background()); uninstallErr != nil && err == nil {
+				err = uninstallErr
+			}
+		}()
+	}
 	d, err := demo.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		fmt.Println("demo: stopping the operator, the aggregator, the webhook and the control plane")
+		if opts.Cluster == nil {
+			fmt.Println("demo: stopping the operator, the aggregator, the webhook and the control plane")
+		} else {
+			fmt.Printf("demo: deleting namespace %s\n", demo.Namespace)
+		}
 		if stopErr := d.Stop(); stopErr != nil && err == nil {
 			err = stopErr
 		}
 	}()
 	return d.Run(ctx)
+}
+
+// installOnCluster installs tally's chart and the example operator on the
+// one-node cluster whose state is in clusterDir.
+func installOnCluster(ctx context.Context, clusterDir, dir string) (*demo.Cluster, error) {
+	kubeconfig := filepath.Join(clusterDir, "admin.kubeconfig")
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, err
+	}
+	values, err := demo.WriteClusterValues(dir)
+	if err != nil {
+		return nil, err
+	}
+	cluster := &demo.Cluster{Kubeconfig: kubeconfig, Client: c, Values: values,
+		OperatorImage: demo.OperatorImage, WorkerImage: demo.WorkerImage,
+		WorkerEnv: []string{"WORKER_CRASH_PERCENT=10"}}
+	fmt.Println("demo: helm install tally (certificates.mode=helm) and the example operator on the cluster")
+	start := time.Now()
+	if err := cluster.Install(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Printf("demo: tally and the operator ready in %v\n", time.Since(start).Round(100*time.Millisecond))
+	return cluster, nil
 }

@@ -70,6 +70,10 @@ type Options struct {
 	// tally is already installed and running (the chart, and binaries the
 	// caller started): the demo starts only the operator and the kubelet.
 	Installed *Installed
+	// Cluster, when set, runs the scenario on a real cluster where
+	// Cluster.Install has run: the demo starts nothing, the kubelet runs the
+	// pods, and the workers crash by themselves.
+	Cluster *Cluster
 	// Redraw redraws one progress line (a terminal) instead of printing a
 	// line a second.
 	Redraw bool
@@ -128,6 +132,11 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 		return nil, err
 	}
 
+	if opts.Cluster != nil {
+		d.client = opts.Cluster.Client
+		d.say("kubeconfig: %s   (kubectl --kubeconfig %s get workerpools -n %s -w)", opts.Cluster.Kubeconfig, opts.Cluster.Kubeconfig, Namespace)
+		return d, d.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}})
+	}
 	if opts.Installed != nil {
 		d.client, d.aggregatorMetrics = opts.Installed.Env.Client, opts.Installed.AggregatorMetrics
 		return d, d.startWorkloads(ctx, opts.Installed.Env)
@@ -321,8 +330,8 @@ func (d *Demo) startOperator(env *framework.Env) error {
 	return nil
 }
 
-// Stop stops everything Start started. It is safe to call on a partly
-// started demo.
+// Stop stops everything Start started (on a cluster, deletes the demo's
+// namespace). It is safe to call on a partly started demo.
 func (d *Demo) Stop() error {
 	var errs []error
 	if d.stopKubelet != nil {
@@ -336,6 +345,11 @@ func (d *Demo) Stop() error {
 	errs = append(errs, d.aggregator.Stop(), d.webhook.Stop())
 	if d.env != nil {
 		errs = append(errs, d.env.Stop())
+	}
+	if d.opts.Cluster != nil {
+		// The cluster outlives the demo: the pool and its pods go.
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}
+		errs = append(errs, client.IgnoreNotFound(d.client.Delete(context.Background(), ns)))
 	}
 	return errors.Join(errs...)
 }
@@ -520,7 +534,7 @@ func (d *Demo) disrupt(ctx context.Context) {
 		return
 	}
 	p := running[d.rng.IntN(len(running))]
-	if d.rng.IntN(2) == 0 {
+	if d.opts.Cluster != nil || d.rng.IntN(2) == 0 {
 		d.say("pod %s deleted unexpectedly", p.Name)
 		_ = d.client.Delete(ctx, &p)
 		return
@@ -562,17 +576,20 @@ func (d *Demo) Verdict(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	applies, err := d.Applies(ctx)
-	if err != nil {
-		return fmt.Errorf("reading the aggregator's metrics: %w", err)
-	}
 	if !s.Match() {
 		fmt.Fprintf(d.opts.Out, "verdict: FAIL: tally's counts differ from a fresh List\n  %s\n", s.line(0))
 		return errMismatch
 	}
-	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d); "+
-		"the aggregator sent %.0f server-side applies. Logs: %s\n",
-		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], applies, d.logDir)
+	sent := ""
+	if d.opts.Cluster == nil {
+		applies, err := d.Applies(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the aggregator's metrics: %w", err)
+		}
+		sent = fmt.Sprintf("; the aggregator sent %.0f server-side applies", applies)
+	}
+	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d)%s. Logs: %s\n",
+		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], sent, d.logDir)
 	return nil
 }
 

@@ -1,0 +1,436 @@
+// Package cluster runs tally on a real one-node cluster (`make e2e-cluster`):
+// the chart installed with helm, its Deployments run by a kubelet, the
+// example operator as a Deployment, and workers that are real processes. A
+// worker marked for completion is stopped and exits 0 on SIGTERM, some crash
+// by themselves, some are deleted unexpectedly: the kubelet sets every
+// terminal phase, and the garbage collector deletes a deleted pool's pods.
+//
+// It runs only when TALLY_CLUSTER_DIR names the state directory of a running
+// cluster (make cluster-up); `make test` skips it.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/internal/demo"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+const ns = "e2e"
+
+// figures are printed at the end of the run.
+type figures struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (f *figures) add(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lines = append(f.lines, fmt.Sprintf(format, args...))
+}
+
+func TestRealCluster(t *testing.T) {
+	dir := os.Getenv("TALLY_CLUSTER_DIR")
+	if dir == "" {
+		t.Skip("TALLY_CLUSTER_DIR is not set: run make e2e-cluster (root, Linux)")
+	}
+	ctx := context.Background()
+	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	require.NoError(t, err)
+	// The pod creates measure the API server and the webhook, not
+	// client-go's default limit of 5 requests a second.
+	cfg.QPS, cfg.Burst = 200, 400
+	c, err := client.New(cfg, client.Options{})
+	require.NoError(t, err)
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+
+	// Installed with two counts; the upgrade maps all four.
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	initial := strings.Replace(demo.ClusterValues, "counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected}",
+		"counts: {completing: status.completing, active: status.active}", 1)
+	require.NotEqual(t, demo.ClusterValues, initial)
+	require.NoError(t, os.WriteFile(values, []byte(initial), 0o644))
+	cluster := &demo.Cluster{Kubeconfig: kubeconfig, Client: c, Values: values,
+		OperatorImage: demo.OperatorImage, WorkerImage: demo.WorkerImage, WorkerEnv: []string{"WORKER_CRASH_PERCENT=20"}}
+	fig := &figures{}
+	defer func() {
+		t.Log("figures:\n  " + strings.Join(fig.lines, "\n  "))
+	}()
+
+	start := time.Now()
+	require.NoError(t, cluster.Install(ctx))
+	fig.add("helm install --wait + operator ready: %v", time.Since(start).Round(100*time.Millisecond))
+
+	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	pools := []string{"alpha", "beta", "gamma"}
+	for _, p := range pools {
+		require.NoError(t, c.Create(ctx, builder.WorkerPool(ns, p, 6)))
+	}
+	// burst's pods are created by the test while a webhook pod goes away;
+	// with no replicas wanted, the operator marks and stops each one.
+	require.NoError(t, c.Create(ctx, builder.WorkerPool(ns, "burst", 0)))
+
+	scenario := time.Now()
+	stopChurn := churn(ctx, t, c, pools)
+
+	t.Run("webhook pod deleted while pods are created", func(t *testing.T) {
+		webhookPodDeleted(ctx, t, c, fig)
+	})
+	t.Run("aggregator leader killed with SIGKILL", func(t *testing.T) {
+		aggregatorKilled(ctx, t, c, fig)
+	})
+	t.Run("helm upgrade with a changed config", func(t *testing.T) {
+		start := time.Now()
+		require.NoError(t, os.WriteFile(values, []byte(demo.ClusterValues+"logLevel: debug\n"), 0o644))
+		_, err := cluster.Helm("upgrade", demo.Release, framework.Path("charts", "tally"), "--namespace", demo.ReleaseNamespace,
+			"-f", values, "--wait", "--timeout", "3m")
+		require.NoError(t, err)
+		for _, d := range []string{"webhook", "aggregator"} {
+			require.NoError(t, demo.WaitDeploymentReady(ctx, c, demo.ReleaseNamespace, demo.Release+"-"+d, 2*time.Minute))
+		}
+		fig.add("helm upgrade (config changed, both Deployments rolled): %v", time.Since(start).Round(100*time.Millisecond))
+	})
+	stopChurn()
+	fig.add("scenario (churn, webhook pod deleted, aggregator killed, upgrade): %v", time.Since(scenario).Round(100*time.Millisecond))
+
+	t.Run("counts equal a fresh List at quiescence", func(t *testing.T) {
+		start := time.Now()
+		var last string
+		ok := poll(3*time.Minute, func() bool {
+			settled := true
+			last = ""
+			for _, p := range append(pools, "burst") {
+				s, line, err := snapshot(ctx, c, p)
+				if err != nil {
+					return false
+				}
+				last += "\n  " + line
+				settled = settled && s
+			}
+			return settled
+		})
+		require.True(t, ok, "the pools did not settle with tally's counts equal to a fresh List:%s", last)
+		t.Logf("settled:%s", last)
+		fig.add("quiescence after the scenario: %v", time.Since(start).Round(100*time.Millisecond))
+	})
+
+	t.Run("the garbage collector deletes a deleted pool's pods", func(t *testing.T) {
+		pool := builder.WorkerPool(ns, "gamma", 0)
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(pool), pool))
+		uid := pool.GetUID()
+		start := time.Now()
+		require.NoError(t, c.Delete(ctx, pool))
+		var left int
+		ok := poll(2*time.Minute, func() bool {
+			var pods corev1.PodList
+			if err := c.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{keys.ParentUID: string(uid)}); err != nil {
+				return false
+			}
+			left = len(pods.Items)
+			return left == 0
+		})
+		require.True(t, ok, "%d pods of the deleted pool left", left)
+		fig.add("pool deleted -> its pods gone (garbage collector, kubelet): %v", time.Since(start).Round(100*time.Millisecond))
+	})
+
+	memory(ctx, t, cs, fig)
+
+	t.Run("helm uninstall leaves nothing", func(t *testing.T) {
+		require.NoError(t, cluster.Uninstall(ctx))
+		for _, gvk := range chartKinds {
+			list := &unstructured.UnstructuredList{}
+			list.SetGroupVersionKind(gvk)
+			require.NoError(t, c.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": demo.Release}))
+			assert.Empty(t, list.Items, "%s left after helm uninstall", gvk.Kind)
+		}
+		ok := poll(time.Minute, func() bool {
+			var pods corev1.PodList
+			return c.List(ctx, &pods, client.InNamespace(demo.ReleaseNamespace)) == nil && len(pods.Items) == 0
+		})
+		assert.True(t, ok, "tally's pods still run after helm uninstall")
+	})
+}
+
+// chartKinds are the kinds of object the chart creates.
+var chartKinds = []schema.GroupVersionKind{
+	{Group: "apps", Version: "v1", Kind: "DeploymentList"},
+	{Version: "v1", Kind: "ServiceList"},
+	{Version: "v1", Kind: "ServiceAccountList"},
+	{Version: "v1", Kind: "ConfigMapList"},
+	{Version: "v1", Kind: "SecretList"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleList"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleBindingList"},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfigurationList"},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyList"},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyBindingList"},
+	{Group: "policy", Version: "v1", Kind: "PodDisruptionBudgetList"},
+}
+
+// churn scales the pools at random and deletes running pods without intent
+// (a node drain, a user) until the returned func is called.
+func churn(ctx context.Context, t *testing.T, c client.Client, pools []string) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(1500 * time.Millisecond):
+			}
+			pool := pools[rng.IntN(len(pools))]
+			if rng.IntN(2) == 0 {
+				patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, 2+rng.IntN(9))
+				_ = c.Patch(ctx, builder.WorkerPool(ns, pool, 0), client.RawPatch("application/merge-patch+json", []byte(patch)))
+				continue
+			}
+			var pods corev1.PodList
+			if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+				continue
+			}
+			var running []corev1.Pod
+			for _, p := range pods.Items {
+				_, marked := p.Annotations[keys.CompletionIntent]
+				if !marked && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && strings.HasPrefix(p.Name, pool+"-") {
+					running = append(running, p)
+				}
+			}
+			if len(running) > 0 {
+				_ = c.Delete(ctx, &running[rng.IntN(len(running))])
+			}
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+		for _, p := range pools {
+			require.NoError(t, c.Patch(context.Background(), builder.WorkerPool(ns, p, 0), client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":5}}`))))
+		}
+	}
+}
+
+// webhookPodDeleted creates burst's pods from 4 clients for 15 s and deletes
+// one webhook pod 3 s in: no create may fail.
+func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *figures) {
+	burst := builder.WorkerPool(ns, "burst", 0)
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(burst), burst))
+	var created, failed atomic.Int64
+	var firstErr atomic.Value
+	var mu sync.Mutex
+	var latencies []time.Duration
+	deadline := time.Now().Add(15 * time.Second)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				pod := &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "burst-", OwnerReferences: []metav1.OwnerReference{{
+						APIVersion: builder.WorkerPoolGVK.GroupVersion().String(), Kind: builder.WorkerPoolGVK.Kind,
+						Name: burst.GetName(), UID: burst.GetUID(), Controller: ptr.To(true),
+					}}},
+					Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "worker", Image: demo.WorkerImage}}},
+				}
+				start := time.Now()
+				err := c.Create(ctx, pod)
+				mu.Lock()
+				latencies = append(latencies, time.Since(start))
+				mu.Unlock()
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				} else {
+					created.Add(1)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+	time.Sleep(3 * time.Second)
+	var pods corev1.PodList
+	require.NoError(t, c.List(ctx, &pods, client.InNamespace(demo.ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "webhook"}))
+	require.NotEmpty(t, pods.Items, "no webhook pod found")
+	victim := pods.Items[0]
+	require.NoError(t, c.Delete(ctx, &victim))
+	wg.Wait()
+	require.NoError(t, demo.WaitDeploymentReady(ctx, c, demo.ReleaseNamespace, demo.Release+"-webhook", 2*time.Minute))
+	slices.Sort(latencies)
+	fig.add("webhook pod %s deleted during creates from 4 clients: %d of %d creates failed; create p50 %v, p99 %v",
+		victim.Name, failed.Load(), created.Load()+failed.Load(),
+		latencies[len(latencies)/2].Round(time.Millisecond), latencies[len(latencies)*99/100].Round(time.Millisecond))
+	assert.Zero(t, failed.Load(), "pod creates failed while a webhook pod went away (first: %v)", firstErr.Load())
+	assert.Positive(t, created.Load())
+}
+
+// aggregatorKilled kills the process holding the aggregator's lease with
+// SIGKILL, from the host (the test runs as root on the node): the lease is
+// not released, the kubelet restarts the container, and another replica
+// takes over once the lease expires.
+func aggregatorKilled(ctx context.Context, t *testing.T, c client.Client, fig *figures) {
+	var lease coordinationv1.Lease
+	key := client.ObjectKey{Namespace: demo.ReleaseNamespace, Name: demo.Release + "-aggregator"}
+	require.True(t, poll(time.Minute, func() bool {
+		return c.Get(ctx, key, &lease) == nil && ptr.Deref(lease.Spec.HolderIdentity, "") != ""
+	}), "no aggregator holds the lease")
+	holder := *lease.Spec.HolderIdentity
+	podName, _, _ := strings.Cut(holder, "_")
+	var pod corev1.Pod
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: demo.ReleaseNamespace, Name: podName}, &pod))
+	restarts := restartCount(&pod)
+	pid, err := containerPID(pod.UID, "/aggregator")
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL), "killing the leader %s (pid %d)", podName, pid)
+	require.True(t, poll(2*time.Minute, func() bool {
+		return c.Get(ctx, key, &lease) == nil && ptr.Deref(lease.Spec.HolderIdentity, "") != "" && *lease.Spec.HolderIdentity != holder
+	}), "no new aggregator leader after %s was killed", podName)
+	fig.add("aggregator leader %s SIGKILLed -> lease held by %s after %v", podName, *lease.Spec.HolderIdentity, time.Since(start).Round(100*time.Millisecond))
+	require.True(t, poll(2*time.Minute, func() bool {
+		return c.Get(ctx, client.ObjectKeyFromObject(&pod), &pod) == nil && restartCount(&pod) > restarts && podReady(&pod)
+	}), "the killed aggregator was not restarted")
+	require.NoError(t, demo.WaitDeploymentReady(ctx, c, demo.ReleaseNamespace, demo.Release+"-aggregator", 2*time.Minute))
+}
+
+func restartCount(pod *corev1.Pod) int32 {
+	var n int32
+	for _, s := range pod.Status.ContainerStatuses {
+		n += s.RestartCount
+	}
+	return n
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// containerPID finds the process running exe in the pod: the kubelet puts
+// it in a cgroup named after the pod's UID.
+func containerPID(uid types.UID, exe string) (int, error) {
+	procs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range procs {
+		cgroup, _ := os.ReadFile(p + "/cgroup")
+		cmdline, _ := os.ReadFile(p + "/cmdline")
+		if strings.Contains(string(cgroup), "pod"+string(uid)) && strings.HasPrefix(string(cmdline), exe+"\x00") {
+			return strconv.Atoi(filepath.Base(p))
+		}
+	}
+	return 0, fmt.Errorf("no process %s in pod %s", exe, uid)
+}
+
+// snapshot compares a pool's status with a fresh List: settled means the
+// pool runs what it wants, nothing is starting or finishing, and every
+// count equals the truth.
+func snapshot(ctx context.Context, c client.Client, name string) (bool, string, error) {
+	pool := builder.WorkerPool(ns, name, 0)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+		return false, "", err
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		return false, "", err
+	}
+	truth := framework.Truth(pods.Items, ns, pool.GetUID())
+	desired, _, _ := unstructured.NestedInt64(pool.Object, "spec", "replicas")
+	settled := truth[config.Active] == desired && truth[config.Completing] == 0 && truth[config.Completed] == 0 && truth[config.Unexpected] == 0
+	var parts []string
+	for _, count := range config.Counts {
+		v, found, _ := unstructured.NestedInt64(pool.Object, "status", string(count))
+		if !found {
+			v = -1
+		}
+		settled = settled && v == truth[count]
+		parts = append(parts, fmt.Sprintf("%s %d/%d", count, v, truth[count]))
+	}
+	for _, p := range pods.Items {
+		if ref := metav1.GetControllerOf(&p); ref != nil && ref.UID == pool.GetUID() && p.Status.Phase == corev1.PodPending {
+			settled = false
+		}
+	}
+	return settled, fmt.Sprintf("%s desired %d, tally/list: %s", name, desired, strings.Join(parts, ", ")), nil
+}
+
+// memory reads tally's pods' working sets from the kubelet's summary API.
+func memory(ctx context.Context, t *testing.T, cs *kubernetes.Clientset, fig *figures) {
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/tally-node/proxy/stats/summary").DoRaw(ctx)
+	require.NoError(t, err)
+	var summary struct {
+		Node struct {
+			Memory struct {
+				WorkingSetBytes uint64 `json:"workingSetBytes"`
+			} `json:"memory"`
+		} `json:"node"`
+		Pods []struct {
+			PodRef     struct{ Name, Namespace string } `json:"podRef"`
+			Containers []struct {
+				Memory struct {
+					WorkingSetBytes uint64 `json:"workingSetBytes"`
+				} `json:"memory"`
+			} `json:"containers"`
+		} `json:"pods"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &summary))
+	var lines []string
+	for _, p := range summary.Pods {
+		if p.PodRef.Namespace != demo.ReleaseNamespace && p.PodRef.Namespace != demo.OperatorNamespace {
+			continue
+		}
+		var ws uint64
+		for _, c := range p.Containers {
+			ws += c.Memory.WorkingSetBytes
+		}
+		lines = append(lines, fmt.Sprintf("%s %.1f MiB", p.PodRef.Name, float64(ws)/(1<<20)))
+	}
+	slices.Sort(lines)
+	fig.add("memory (working set, kubelet summary): %s; node %.0f MiB", strings.Join(lines, ", "), float64(summary.Node.Memory.WorkingSetBytes)/(1<<20))
+}
+
+func poll(timeout time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(250 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
