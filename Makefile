@@ -44,10 +44,11 @@ help: ## List the targets.
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: build
-build: ## Build bin/webhook and bin/aggregator.
-	@echo ">> building bin/webhook and bin/aggregator"
+build: ## Build bin/webhook, bin/aggregator and bin/kubectl-tally.
+	@echo ">> building bin/webhook, bin/aggregator and bin/kubectl-tally"
 	go build -o $(BIN)/webhook ./cmd/webhook
 	go build -o $(BIN)/aggregator ./cmd/aggregator
+	go build -o $(BIN)/kubectl-tally ./cmd/kubectl-tally
 
 .PHONY: image
 image: ## Build the container image without a container engine: bin/tally-image.tar (OCI layout; docker load, kind load image-archive).
@@ -136,8 +137,9 @@ $(CERT_MANAGER_CRDS):
 	test -n "$$dir" && mkdir -p $@.tmp && cp $$dir/deploy/crds/*.yaml $@.tmp/ && mv $@.tmp $@
 
 .PHONY: golden
-golden: $(HELM) ## Regenerate the chart's golden files under test/chart/testdata.
+golden: envtest-assets $(HELM) ## Regenerate the golden files: the chart's renderings, kubectl tally's outputs.
 	UPDATE_GOLDEN=true go test ./test/chart -run "TestGolden|TestCertManagerManifests" -count=1
+	UPDATE_GOLDEN=true go test ./test/kubectltally -count=1
 
 .PHONY: test
 test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) ## Run unit tests, fuzz seed corpora, envtest suites and chart tests, with -race.
@@ -169,6 +171,10 @@ bench: envtest-assets ## Run the benchmarks and the aggregator bench program (fi
 	go run ./test/bench
 	@echo ">> backfill sweep over 10,000 pods"
 	go run ./test/bench -scenario sweep
+
+.PHONY: bench-scale
+bench-scale: envtest-assets ## Count 150,000 pods (50 namespaces x 30 parents x 100): tally's aggregator against the conventional controller (about 30 minutes).
+	go run ./test/bench -scenario scale -namespaces 50 -parents-per-namespace 30 -pods 100
 
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.

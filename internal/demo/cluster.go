@@ -21,9 +21,6 @@ import (
 
 // The names a cluster installation uses.
 const (
-	// Release and ReleaseNamespace are the chart's release.
-	Release          = "tally"
-	ReleaseNamespace = "tally-system"
 	// OperatorNamespace runs the example operator's Deployment.
 	OperatorNamespace = "workerpool-system"
 	operatorName      = "workerpool-operator"
@@ -90,7 +87,7 @@ func (c *Cluster) Install(ctx context.Context) error {
 			return fmt.Errorf("applying the WorkerPool CRD: %w", err)
 		}
 	}
-	if _, err := c.Helm("install", Release, framework.Path("charts", "tally"), "--namespace", ReleaseNamespace,
+	if _, err := c.Helm("install", framework.Release, framework.Path("charts", "tally"), "--namespace", framework.ReleaseNamespace,
 		"--create-namespace", "-f", c.Values, "--wait", "--timeout", "3m"); err != nil {
 		return err
 	}
@@ -103,7 +100,7 @@ func (c *Cluster) Uninstall(ctx context.Context) error {
 	if err := client.IgnoreNotFound(c.Client.Delete(ctx, ns)); err != nil {
 		return err
 	}
-	_, err := c.Helm("uninstall", Release, "--namespace", ReleaseNamespace, "--wait", "--timeout", "3m")
+	_, err := c.Helm("uninstall", framework.Release, "--namespace", framework.ReleaseNamespace, "--wait", "--timeout", "3m")
 	return err
 }
 

@@ -135,6 +135,8 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 	if opts.Cluster != nil {
 		d.client = opts.Cluster.Client
 		d.say("kubeconfig: %s   (kubectl --kubeconfig %s get workerpools -n %s -w)", opts.Cluster.Kubeconfig, opts.Cluster.Kubeconfig, Namespace)
+		d.say("why the pool shows what it shows: %s --kubeconfig %s -n %s explain workerpool/%s",
+			filepath.Join(opts.BinDir, "kubectl-tally"), opts.Cluster.Kubeconfig, Namespace, Pool)
 		return d, d.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}})
 	}
 	if opts.Installed != nil {
@@ -150,6 +152,8 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 		return nil, err
 	}
 	d.say("kubeconfig: %s   (kubectl --kubeconfig %s get workerpools -n %s -w)", d.kubeconfig, d.kubeconfig, Namespace)
+	d.say("why the pool shows what it shows: %s --kubeconfig %s --config %s -n %s explain workerpool/%s",
+		filepath.Join(opts.BinDir, "kubectl-tally"), d.kubeconfig, opts.ConfigFile, Namespace, Pool)
 
 	ca, port, err := d.startWebhook(ctx)
 	if err != nil {

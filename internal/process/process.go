@@ -48,7 +48,7 @@ func Start(name, bin, logDir string, args ...string) (*Process, error) {
 }
 
 // Stop asks the process to exit (SIGTERM) and kills it if it has not after
-// a grace period.
+// a grace period. Stopping a process that has exited returns at once.
 func (p *Process) Stop() error {
 	if p == nil {
 		return nil
@@ -56,6 +56,7 @@ func (p *Process) Stop() error {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.done:
+		p.done <- err
 		var exit *exec.ExitError
 		if errors.As(err, &exit) && exit.Sys().(syscall.WaitStatus).Signaled() {
 			return nil
@@ -63,7 +64,7 @@ func (p *Process) Stop() error {
 		return err
 	case <-time.After(15 * time.Second):
 		_ = p.cmd.Process.Kill()
-		<-p.done
+		p.done <- <-p.done
 		return fmt.Errorf("%s did not exit within 15s of SIGTERM and was killed", p.name)
 	}
 }

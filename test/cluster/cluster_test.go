@@ -10,6 +10,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -33,11 +34,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/cmd/kubectl-tally/app"
 	"tally.dev/tally/internal/demo"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
@@ -114,11 +117,11 @@ func TestRealCluster(t *testing.T) {
 	t.Run("helm upgrade with a changed config", func(t *testing.T) {
 		start := time.Now()
 		require.NoError(t, os.WriteFile(values, []byte(demo.ClusterValues+"logLevel: debug\n"), 0o644))
-		_, err := cluster.Helm("upgrade", demo.Release, framework.Path("charts", "tally"), "--namespace", demo.ReleaseNamespace,
+		_, err := cluster.Helm("upgrade", framework.Release, framework.Path("charts", "tally"), "--namespace", framework.ReleaseNamespace,
 			"-f", values, "--wait", "--timeout", "3m")
 		require.NoError(t, err)
 		for _, d := range []string{"webhook", "aggregator"} {
-			require.NoError(t, demo.WaitDeploymentReady(ctx, c, demo.ReleaseNamespace, demo.Release+"-"+d, 2*time.Minute))
+			require.NoError(t, demo.WaitDeploymentReady(ctx, c, framework.ReleaseNamespace, framework.Release+"-"+d, 2*time.Minute))
 		}
 		fig.add("helm upgrade (config changed, both Deployments rolled): %v", time.Since(start).Round(100*time.Millisecond))
 	})
@@ -144,6 +147,21 @@ func TestRealCluster(t *testing.T) {
 		require.True(t, ok, "the pools did not settle with tally's counts equal to a fresh List:%s", last)
 		t.Logf("settled:%s", last)
 		fig.add("quiescence after the scenario: %v", time.Since(start).Round(100*time.Millisecond))
+	})
+
+	t.Run("kubectl tally doctor and explain on a healthy install", func(t *testing.T) {
+		// doctor connects to a webhook pod through a port-forward, as the
+		// API server would through the Service.
+		var out, errOut bytes.Buffer
+		streams := genericiooptions.IOStreams{Out: &out, ErrOut: &errOut}
+		code := app.Main([]string{"--kubeconfig", kubeconfig, "--tally-namespace", framework.ReleaseNamespace, "doctor"}, streams)
+		t.Logf("kubectl tally doctor:\n%s%s", out.String(), errOut.String())
+		assert.Equal(t, app.ExitOK, code)
+		assert.Contains(t, out.String(), "OK    webhook certificate: the caBundle verifies the certificate served for tally-webhook.tally-system.svc")
+		out.Reset()
+		code = app.Main([]string{"--kubeconfig", kubeconfig, "--tally-namespace", framework.ReleaseNamespace, "-n", ns, "explain", "workerpool/alpha"}, streams)
+		t.Logf("kubectl tally explain workerpool/alpha:\n%s%s", out.String(), errOut.String())
+		assert.Equal(t, app.ExitOK, code)
 	})
 
 	t.Run("the garbage collector deletes a deleted pool's pods", func(t *testing.T) {
@@ -172,12 +190,12 @@ func TestRealCluster(t *testing.T) {
 		for _, gvk := range chartKinds {
 			list := &unstructured.UnstructuredList{}
 			list.SetGroupVersionKind(gvk)
-			require.NoError(t, c.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": demo.Release}))
+			require.NoError(t, c.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": framework.Release}))
 			assert.Empty(t, list.Items, "%s left after helm uninstall", gvk.Kind)
 		}
 		ok := poll(time.Minute, func() bool {
 			var pods corev1.PodList
-			return c.List(ctx, &pods, client.InNamespace(demo.ReleaseNamespace)) == nil && len(pods.Items) == 0
+			return c.List(ctx, &pods, client.InNamespace(framework.ReleaseNamespace)) == nil && len(pods.Items) == 0
 		})
 		assert.True(t, ok, "tally's pods still run after helm uninstall")
 	})
@@ -280,12 +298,12 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 	}
 	time.Sleep(3 * time.Second)
 	var pods corev1.PodList
-	require.NoError(t, c.List(ctx, &pods, client.InNamespace(demo.ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "webhook"}))
+	require.NoError(t, c.List(ctx, &pods, client.InNamespace(framework.ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "webhook"}))
 	require.NotEmpty(t, pods.Items, "no webhook pod found")
 	victim := pods.Items[0]
 	require.NoError(t, c.Delete(ctx, &victim))
 	wg.Wait()
-	require.NoError(t, demo.WaitDeploymentReady(ctx, c, demo.ReleaseNamespace, demo.Release+"-webhook", 2*time.Minute))
+	require.NoError(t, demo.WaitDeploymentReady(ctx, c, framework.ReleaseNamespace, framework.Release+"-webhook", 2*time.Minute))
 	slices.Sort(latencies)
 	fig.add("webhook pod %s deleted during creates from 4 clients: %d of %d creates failed; create p50 %v, p99 %v",
 		victim.Name, failed.Load(), created.Load()+failed.Load(),
@@ -300,14 +318,14 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 // takes over once the lease expires.
 func aggregatorKilled(ctx context.Context, t *testing.T, c client.Client, fig *figures) {
 	var lease coordinationv1.Lease
-	key := client.ObjectKey{Namespace: demo.ReleaseNamespace, Name: demo.Release + "-aggregator"}
+	key := client.ObjectKey{Namespace: framework.ReleaseNamespace, Name: framework.Release + "-aggregator"}
 	require.True(t, poll(time.Minute, func() bool {
 		return c.Get(ctx, key, &lease) == nil && ptr.Deref(lease.Spec.HolderIdentity, "") != ""
 	}), "no aggregator holds the lease")
 	holder := *lease.Spec.HolderIdentity
 	podName, _, _ := strings.Cut(holder, "_")
 	var pod corev1.Pod
-	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: demo.ReleaseNamespace, Name: podName}, &pod))
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: framework.ReleaseNamespace, Name: podName}, &pod))
 	restarts := restartCount(&pod)
 	pid, err := containerPID(pod.UID, "/aggregator")
 	require.NoError(t, err)
@@ -320,7 +338,7 @@ func aggregatorKilled(ctx context.Context, t *testing.T, c client.Client, fig *f
 	require.True(t, poll(2*time.Minute, func() bool {
 		return c.Get(ctx, client.ObjectKeyFromObject(&pod), &pod) == nil && restartCount(&pod) > restarts && podReady(&pod)
 	}), "the killed aggregator was not restarted")
-	require.NoError(t, demo.WaitDeploymentReady(ctx, c, demo.ReleaseNamespace, demo.Release+"-aggregator", 2*time.Minute))
+	require.NoError(t, demo.WaitDeploymentReady(ctx, c, framework.ReleaseNamespace, framework.Release+"-aggregator", 2*time.Minute))
 }
 
 func restartCount(pod *corev1.Pod) int32 {
@@ -411,7 +429,7 @@ func memory(ctx context.Context, t *testing.T, cs *kubernetes.Clientset, fig *fi
 	require.NoError(t, json.Unmarshal(raw, &summary))
 	var lines []string
 	for _, p := range summary.Pods {
-		if p.PodRef.Namespace != demo.ReleaseNamespace && p.PodRef.Namespace != demo.OperatorNamespace {
+		if p.PodRef.Namespace != framework.ReleaseNamespace && p.PodRef.Namespace != demo.OperatorNamespace {
 			continue
 		}
 		var ws uint64

@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -32,6 +33,20 @@ func (e *Env) AggregatorIdentity() (*envtest.AuthenticatedUser, error) {
 		return nil, fmt.Errorf("provisioning the aggregator's identity: %w", err)
 	}
 	return user, nil
+}
+
+// KubeconfigAs writes to path a copy of the kubeconfig admin that
+// impersonates the service account ns/sa, as a component of the chart runs.
+func KubeconfigAs(admin []byte, ns, sa, path string) error {
+	cfg, err := clientcmd.Load(admin)
+	if err != nil {
+		return err
+	}
+	for _, auth := range cfg.AuthInfos {
+		auth.Impersonate = "system:serviceaccount:" + ns + ":" + sa
+		auth.ImpersonateGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+	}
+	return clientcmd.WriteToFile(*cfg, path)
 }
 
 // InstallPolicies installs the chart's ValidatingAdmissionPolicies and

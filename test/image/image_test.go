@@ -125,6 +125,7 @@ func TestImage(t *testing.T) {
 		files := layerFiles(t, img)
 		assert.Contains(t, files, "webhook")
 		assert.Contains(t, files, "aggregator")
+		assert.Contains(t, files, "kubectl-tally")
 		if d.Platform.Architecture == runtime.GOARCH {
 			for name, data := range files {
 				bin := filepath.Join(t.TempDir(), name)

@@ -25,7 +25,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -78,19 +77,6 @@ certificates:
     ipAddresses: ["127.0.0.1"]
 `
 
-// kubeconfigAs writes a copy of the admin kubeconfig that impersonates the
-// chart's service account sa.
-func kubeconfigAs(t *testing.T, admin []byte, sa, path string) {
-	t.Helper()
-	cfg, err := clientcmd.Load(admin)
-	require.NoError(t, err)
-	for _, auth := range cfg.AuthInfos {
-		auth.Impersonate = "system:serviceaccount:" + ns + ":" + sa
-		auth.ImpersonateGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
-	}
-	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
-}
-
 func start(t *testing.T, name string, args ...string) (*process.Process, string) {
 	t.Helper()
 	probe, err := framework.FreePort()
@@ -139,8 +125,8 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	for _, f := range []string{"tls.crt", "tls.key"} {
 		require.NoError(t, os.WriteFile(filepath.Join(certDir, f), secret.Data[f], 0o600))
 	}
-	kubeconfigAs(t, adminConfig, release+"-webhook", filepath.Join(dir, "webhook.kubeconfig"))
-	kubeconfigAs(t, adminConfig, release+"-aggregator", filepath.Join(dir, "aggregator.kubeconfig"))
+	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, release+"-webhook", filepath.Join(dir, "webhook.kubeconfig")))
+	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, release+"-aggregator", filepath.Join(dir, "aggregator.kubeconfig")))
 
 	port, err := framework.FreePort()
 	require.NoError(t, err)

@@ -1,0 +1,205 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/cli-runtime/pkg/printers"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/explain"
+	"tally.dev/tally/pkg/keys"
+)
+
+func newExplainCommand(o *options) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "explain KIND/NAME | KIND NAME",
+		Short: "Show each pod of a parent with its class and why, and tally's counts beside a fresh count",
+		Example: `  kubectl tally explain workerpool/workers -n demo
+  kubectl tally explain workerpools.example.tally.dev workers -n demo -o json`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			report, err := o.explain(cmd.Context(), args)
+			if err != nil {
+				return err
+			}
+			if output == "table" {
+				writeReport(o.streams.Out, report, time.Now())
+			} else if err := printStructured(o, output, report); err != nil {
+				return err
+			}
+			if !report.Equal {
+				return errProblem
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	return cmd
+}
+
+func (o *options) explain(ctx context.Context, args []string) (explain.Report, error) {
+	cs, dyn, err := o.clients()
+	if err != nil {
+		return explain.Report{}, err
+	}
+	cfg, err := o.config(ctx, cs)
+	if err != nil {
+		return explain.Report{}, err
+	}
+	ns, err := o.namespace()
+	if err != nil {
+		return explain.Report{}, err
+	}
+	typ, name, err := splitKindName(args)
+	if err != nil {
+		return explain.Report{}, err
+	}
+	// The kind as kubectl names it: kind, plural, short name or
+	// resource.group.
+	mapper, err := o.flags.ToRESTMapper()
+	if err != nil {
+		return explain.Report{}, err
+	}
+	gvk, err := kindFor(mapper, typ)
+	if err != nil {
+		return explain.Report{}, err
+	}
+	var parent *config.Parent
+	var tracked []string
+	for i, p := range cfg.Parents {
+		if p.GroupKind() == gvk.GroupKind() {
+			parent = &cfg.Parents[i]
+		}
+		tracked = append(tracked, p.GroupKind().String())
+	}
+	if parent == nil {
+		return explain.Report{}, fmt.Errorf("%s is not a kind tally tracks (tracked: %s)", gvk.GroupKind(), strings.Join(tracked, ", "))
+	}
+	// The version the aggregator writes, which maps the status fields.
+	mapping, err := mapper.RESTMapping(parent.GroupKind(), parent.Version)
+	if err != nil {
+		return explain.Report{}, err
+	}
+	obj, err := dyn.Resource(mapping.Resource).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return explain.Report{}, err
+	}
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return explain.Report{}, fmt.Errorf("listing the pods of namespace %s: %w", ns, err)
+	}
+	return explain.Explain(obj, *parent, pods.Items), nil
+}
+
+// splitKindName reads KIND/NAME or KIND NAME.
+func splitKindName(args []string) (string, string, error) {
+	if len(args) == 2 {
+		return args[0], args[1], nil
+	}
+	typ, name, ok := strings.Cut(args[0], "/")
+	if !ok || typ == "" || name == "" {
+		return "", "", fmt.Errorf("%q: name the parent as KIND/NAME or KIND NAME", args[0])
+	}
+	return typ, name, nil
+}
+
+// kindFor resolves a resource or kind argument as kubectl does.
+func kindFor(mapper meta.RESTMapper, arg string) (schema.GroupVersionKind, error) {
+	gvr, gr := schema.ParseResourceArg(arg)
+	if gvr != nil {
+		if gvk, err := mapper.KindFor(*gvr); err == nil {
+			return gvk, nil
+		}
+	}
+	gvk, err := mapper.KindFor(gr.WithVersion(""))
+	if err != nil {
+		return schema.GroupVersionKind{}, fmt.Errorf("the server doesn't have a resource type %q", arg)
+	}
+	return gvk, nil
+}
+
+// writeReport prints the report as kubectl prints tables.
+func writeReport(out io.Writer, r explain.Report, now time.Time) {
+	fmt.Fprintf(out, "%s %s/%s (%s, uid %s)\n", r.Parent.Kind, r.Parent.Namespace, r.Parent.Name, r.Parent.APIVersion, r.Parent.UID)
+	if r.LastWrite != nil {
+		fmt.Fprintf(out, "Status last applied by %s at %s (%s ago)\n", explain.FieldManager,
+			r.LastWrite.UTC().Format(time.RFC3339), now.Sub(r.LastWrite.Time).Round(time.Second))
+	} else {
+		fmt.Fprintf(out, "Status never applied by %s\n", explain.FieldManager)
+	}
+
+	fmt.Fprintln(out)
+	w := printers.GetNewTabWriter(out)
+	fmt.Fprintln(w, "FIELD\tTALLY\tFRESH\t")
+	for _, f := range r.Fields {
+		tally, mark := "<none>", "≠"
+		if f.Tally != nil {
+			tally = fmt.Sprint(*f.Tally)
+		}
+		if f.Equal() {
+			mark = "="
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", f.Path, tally, f.Fresh, mark)
+	}
+	w.Flush()
+
+	fmt.Fprintln(out)
+	if len(r.Pods) == 0 {
+		fmt.Fprintln(out, "No pods.")
+	} else {
+		w = printers.GetNewTabWriter(out)
+		fmt.Fprintln(w, "POD\tCLASS\tSTAMPED\tWHY")
+		for _, p := range r.Pods {
+			stamped := "yes"
+			if !p.Stamped {
+				stamped = "no"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", p.Name, p.Class, stamped, p.Reason)
+		}
+		w.Flush()
+	}
+	if len(r.NotCounted) > 0 {
+		fmt.Fprintf(out, "\nLabelled %s=%s but not counted:\n", keys.ParentUID, r.Parent.UID)
+		for _, p := range r.NotCounted {
+			fmt.Fprintf(out, "  %s: %s\n", p.Name, p.Reason)
+		}
+	}
+
+	fmt.Fprintln(out)
+	if r.Equal {
+		fmt.Fprintln(out, "Verdict: EQUAL. Every mapped field equals a fresh count of the parent's pods.")
+		return
+	}
+	var differ []string
+	for _, f := range r.Fields {
+		switch {
+		case f.Tally == nil:
+			differ = append(differ, fmt.Sprintf("%s is not set (fresh count %d)", f.Path, f.Fresh))
+		case !f.Equal():
+			differ = append(differ, fmt.Sprintf("%s shows %d, a fresh count gives %d", f.Path, *f.Tally, f.Fresh))
+		}
+	}
+	fmt.Fprintf(out, "Verdict: DIFFERS. %s.\n", strings.Join(differ, "; "))
+	if len(r.Unstamped) > 0 {
+		fmt.Fprintf(out, "  %d pod(s) of the parent are not stamped yet (%s): the aggregator's sweep stamps them at its next pass\n"+
+			"  (--backfill-interval); until then the fresh count includes them and tally's does not.\n", len(r.Unstamped), strings.Join(r.Unstamped, ", "))
+	}
+	if r.LastWrite != nil {
+		fmt.Fprintf(out, "  tally last applied this status %s ago. A difference that lasts more than a few seconds means\n"+
+			"  the aggregator is not writing: run `kubectl tally doctor`.\n", now.Sub(r.LastWrite.Time).Round(time.Second))
+	} else {
+		fmt.Fprintln(out, "  tally never applied this status: run `kubectl tally doctor`.")
+	}
+}

@@ -1,0 +1,188 @@
+// Package explain says why a parent shows the counts it shows: each pod of
+// the parent with its class and the reason, the values tally wrote beside a
+// fresh count, pods of the parent tally has not stamped yet, and pods
+// labelled for the parent that do not count. It is pure: `kubectl tally
+// explain` reads the objects and prints the Report.
+package explain
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+)
+
+// FieldManager is the aggregator's server-side apply field manager.
+const FieldManager = "tally-aggregator"
+
+// Report is what explain found for one parent.
+type Report struct {
+	Parent Parent `json:"parent"`
+	// LastWrite is when the aggregator last applied the parent's status, from
+	// its managedFields entry; nil if it never did.
+	LastWrite *metav1.Time `json:"lastWrite,omitempty"`
+	// Fields are the mapped status fields, in the fixed order of the counts.
+	Fields []Field `json:"fields"`
+	// Equal reports that every mapped field equals the fresh count.
+	Equal bool `json:"equal"`
+	// Pods are the parent's pods (S(P): in its namespace, with a controller
+	// ownerReference carrying its UID), by name.
+	Pods []Pod `json:"pods"`
+	// Unstamped names the parent's pods without tally's parent-uid label:
+	// the fresh count includes them, tally's not until they are stamped.
+	Unstamped []string `json:"unstamped,omitempty"`
+	// NotCounted are pods labelled for the parent that are not its pods.
+	NotCounted []NotCounted `json:"notCounted,omitempty"`
+}
+
+// Parent identifies the parent.
+type Parent struct {
+	APIVersion string    `json:"apiVersion"`
+	Kind       string    `json:"kind"`
+	Namespace  string    `json:"namespace"`
+	Name       string    `json:"name"`
+	UID        types.UID `json:"uid"`
+}
+
+// Field is one mapped status field beside a fresh count.
+type Field struct {
+	Count config.Count `json:"count"`
+	Path  string       `json:"path"`
+	// Tally is the value the parent shows; nil if the field is absent.
+	Tally *int64 `json:"tally"`
+	Fresh int64  `json:"fresh"`
+}
+
+// Equal reports whether the parent shows the fresh count.
+func (f Field) Equal() bool { return f.Tally != nil && *f.Tally == f.Fresh }
+
+// Pod is one pod of the parent and why it counts where it does.
+type Pod struct {
+	Name    string       `json:"name"`
+	Class   config.Count `json:"class"`
+	Reason  string       `json:"reason"`
+	Stamped bool         `json:"stamped"`
+}
+
+// NotCounted is a pod labelled for the parent that is not one of its pods.
+type NotCounted struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+}
+
+// Explain builds the report for parent, of the tracked kind p, from the pods
+// of its namespace (pods elsewhere are ignored).
+func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.Pod) Report {
+	uid := parent.GetUID()
+	r := Report{Parent: Parent{
+		APIVersion: parent.GetAPIVersion(), Kind: parent.GetKind(),
+		Namespace: parent.GetNamespace(), Name: parent.GetName(), UID: uid,
+	}}
+	for _, mf := range parent.GetManagedFields() {
+		if mf.Manager == FieldManager && mf.Operation == metav1.ManagedFieldsOperationApply && mf.Subresource == "status" && mf.Time != nil {
+			r.LastWrite = mf.Time
+		}
+	}
+	fresh := map[config.Count]int64{}
+	for i := range pods {
+		pod := &pods[i]
+		if pod.Namespace != parent.GetNamespace() {
+			continue
+		}
+		labelled := pod.Labels[keys.ParentUID] == string(uid)
+		ref := metav1.GetControllerOf(pod)
+		if ref == nil || ref.UID != uid {
+			if labelled {
+				r.NotCounted = append(r.NotCounted, NotCounted{Name: pod.Name, Reason: notCountedReason(ref)})
+			}
+			continue
+		}
+		class, reason := Classify(pod)
+		fresh[class]++
+		r.Pods = append(r.Pods, Pod{Name: pod.Name, Class: class, Reason: reason, Stamped: labelled})
+		if !labelled {
+			r.Unstamped = append(r.Unstamped, pod.Name)
+		}
+	}
+	slices.SortFunc(r.Pods, func(a, b Pod) int { return strings.Compare(a.Name, b.Name) })
+	slices.Sort(r.Unstamped)
+	slices.SortFunc(r.NotCounted, func(a, b NotCounted) int { return strings.Compare(a.Name, b.Name) })
+
+	r.Equal = true
+	for _, f := range p.Fields() {
+		field := Field{Count: f.Count, Path: strings.Join(f.Path, "."), Fresh: fresh[f.Count]}
+		if v, found, err := unstructured.NestedFieldNoCopy(parent.Object, f.Path...); found && err == nil {
+			if n, ok := toInt64(v); ok {
+				field.Tally = &n
+			}
+		}
+		r.Equal = r.Equal && field.Equal()
+		r.Fields = append(r.Fields, field)
+	}
+	return r
+}
+
+func toInt64(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int64:
+		return n, true
+	case float64:
+		return int64(n), float64(int64(n)) == n
+	}
+	return 0, false
+}
+
+// Classify returns a pod's class (SPEC "Counts") and why.
+func Classify(pod *corev1.Pod) (config.Count, string) {
+	var why []string
+	reason, intent := pod.Annotations[keys.CompletionIntent]
+	if intent {
+		s := fmt.Sprintf("intent %q", reason)
+		if by := pod.Annotations[keys.CompletionIntentBy]; by != "" {
+			s += " by " + by
+		}
+		if at := pod.Annotations[keys.CompletionIntentAt]; at != "" {
+			s += " at " + at
+		}
+		why = append(why, s)
+	} else {
+		why = append(why, "no intent")
+	}
+	phase := pod.Status.Phase
+	if phase == "" {
+		phase = "no phase yet"
+	}
+	why = append(why, string(phase))
+	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	terminating := pod.DeletionTimestamp != nil
+	if terminating {
+		why = append(why, "terminating since "+pod.DeletionTimestamp.UTC().Format(time.RFC3339))
+	}
+	var class config.Count
+	switch {
+	case intent && !terminal:
+		class = config.Completing
+	case intent:
+		class = config.Completed
+	case terminal || terminating:
+		class = config.Unexpected
+	default:
+		class = config.Active
+	}
+	return class, strings.Join(why, ", ")
+}
+
+func notCountedReason(ref *metav1.OwnerReference) string {
+	if ref == nil {
+		return "the label names this parent but the pod has no controller: a forged or stale label (the webhook resets it on the pod's next update, the aggregator's sweep at its next pass)"
+	}
+	return fmt.Sprintf("the label names this parent but the pod's controller is %s %s (uid %s): a forged or stale label (the webhook resets it on the pod's next update, the aggregator's sweep at its next pass)", ref.Kind, ref.Name, ref.UID)
+}

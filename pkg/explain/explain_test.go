@@ -1,0 +1,114 @@
+package explain
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+)
+
+const uid = types.UID("pool-uid")
+
+func pod(name string, opts ...func(*corev1.Pod)) corev1.Pod {
+	p := corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name,
+			Labels:          map[string]string{keys.ParentUID: string(uid)},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "WorkerPool", Name: "pool", UID: uid, Controller: ptr.To(true)}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	for _, o := range opts {
+		o(&p)
+	}
+	return p
+}
+
+func intent(p *corev1.Pod) {
+	p.Annotations = map[string]string{keys.CompletionIntent: "scale-down", keys.CompletionIntentBy: "alice", keys.CompletionIntentAt: "2026-11-30T10:00:00Z"}
+}
+func phase(ph corev1.PodPhase) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Status.Phase = ph } }
+func deleting(p *corev1.Pod) {
+	p.DeletionTimestamp = &metav1.Time{Time: time.Date(2026, 11, 30, 10, 1, 0, 0, time.UTC)}
+}
+func unstamped(p *corev1.Pod) { delete(p.Labels, keys.ParentUID) }
+func otherController(p *corev1.Pod) {
+	p.OwnerReferences = []metav1.OwnerReference{{Kind: "ReplicaSet", Name: "rs", UID: "rs-uid", Controller: ptr.To(true)}}
+}
+func otherNamespace(p *corev1.Pod) { p.Namespace = "elsewhere" }
+
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pod    corev1.Pod
+		class  config.Count
+		reason string
+	}{
+		{"running", pod("a"), config.Active, "no intent, Running"},
+		{"pending", pod("a", phase("")), config.Active, "no intent, no phase yet"},
+		{"intent running", pod("a", intent), config.Completing, `intent "scale-down" by alice at 2026-11-30T10:00:00Z, Running`},
+		{"intent terminating", pod("a", intent, deleting), config.Completing, `intent "scale-down" by alice at 2026-11-30T10:00:00Z, Running, terminating since 2026-11-30T10:01:00Z`},
+		{"intent succeeded", pod("a", intent, phase(corev1.PodSucceeded)), config.Completed, `intent "scale-down" by alice at 2026-11-30T10:00:00Z, Succeeded`},
+		{"intent failed", pod("a", intent, phase(corev1.PodFailed)), config.Completed, `intent "scale-down" by alice at 2026-11-30T10:00:00Z, Failed`},
+		{"failed", pod("a", phase(corev1.PodFailed)), config.Unexpected, "no intent, Failed"},
+		{"deleted running", pod("a", deleting), config.Unexpected, "no intent, Running, terminating since 2026-11-30T10:01:00Z"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			class, reason := Classify(&tc.pod)
+			assert.Equal(t, tc.class, class)
+			assert.Equal(t, tc.reason, reason)
+		})
+	}
+}
+
+func TestExplain(t *testing.T) {
+	parentKind := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool",
+		Counts: map[config.Count]string{config.Active: "status.active", config.Completing: "status.completing", config.Unexpected: "status.unexpected"}}
+	parent := func(status map[string]any) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "example.tally.dev/v1", "kind": "WorkerPool", "status": status}}
+		u.SetNamespace("ns")
+		u.SetName("pool")
+		u.SetUID(uid)
+		return u
+	}
+	pods := []corev1.Pod{pod("b"), pod("a", intent), pod("c", phase(corev1.PodFailed)),
+		pod("d", unstamped), pod("forged", otherController), pod("elsewhere", otherNamespace)}
+
+	t.Run("differs", func(t *testing.T) {
+		r := Explain(parent(map[string]any{"active": int64(1), "completing": int64(1), "unexpected": int64(1)}), parentKind, pods)
+		assert.False(t, r.Equal, "d is not stamped: tally's active misses it")
+		assert.Equal(t, []string{"a", "b", "c", "d"}, names(r.Pods))
+		assert.Equal(t, []string{"d"}, r.Unstamped)
+		assert.Equal(t, []Field{
+			{Count: config.Completing, Path: "status.completing", Tally: ptr.To[int64](1), Fresh: 1},
+			{Count: config.Active, Path: "status.active", Tally: ptr.To[int64](1), Fresh: 2},
+			{Count: config.Unexpected, Path: "status.unexpected", Tally: ptr.To[int64](1), Fresh: 1},
+		}, r.Fields)
+		assert.Len(t, r.NotCounted, 1)
+		assert.Equal(t, "forged", r.NotCounted[0].Name)
+		assert.Contains(t, r.NotCounted[0].Reason, "ReplicaSet rs")
+	})
+	t.Run("equal", func(t *testing.T) {
+		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1), "unexpected": float64(1)}), parentKind, pods)
+		assert.True(t, r.Equal)
+	})
+	t.Run("field absent", func(t *testing.T) {
+		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1)}), parentKind, pods)
+		assert.False(t, r.Equal)
+		assert.Nil(t, r.Fields[2].Tally)
+	})
+}
+
+func names(pods []Pod) []string {
+	var n []string
+	for _, p := range pods {
+		n = append(n, p.Name)
+	}
+	return n
+}
