@@ -22,6 +22,7 @@ func main() {
 	flag.DurationVar(&opts.BackfillInterval, "backfill-interval", app.DefaultBackfillInterval, "Time between two sweeps that stamp the pods the webhook never saw (created before tally, or while the webhook was unreachable); one also runs at start-up, before the first status write.")
 	qps := flag.Float64("kube-api-qps", 50, "Requests per second the aggregator may send to the API server (status applies, and pod stamps during a backfill sweep).")
 	flag.IntVar(&opts.Burst, "kube-api-burst", 100, "Requests the aggregator may send to the API server in a burst above --kube-api-qps.")
+	flag.StringVar(&opts.ContentType, "kube-api-content-type", "protobuf", "How pods are read from the API server: protobuf, or json (for a proxy in between that only passes JSON).")
 	flag.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "How many parents of one kind are reconciled at once; one parent is never reconciled twice at once.")
 	command.Main("aggregator", func() error {
 		cfg, restCfg, err := common.Setup()

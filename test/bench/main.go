@@ -11,6 +11,12 @@
 // cluster pods, against a plain paginated List of the same pods.
 //
 // Both are run by `make bench`.
+//
+// The scenario scale (`make bench-scale`, not part of `make bench`): 150,000
+// pods at Kubernetes' limits (50 namespaces × 30 parents × 100 pods), counted
+// by tally's aggregator (with protobuf, then JSON) and by the conventional
+// controller of test/bench/conventional, each as its own process: time to
+// every parent right, RSS, CPU, and a burst of changes to 10% of the pods.
 package main
 
 import (
@@ -47,11 +53,13 @@ const ns = "bench"
 
 func main() {
 	parents := flag.Int("parents", 200, "parents")
-	podsPer := flag.Int("pods", 50, "pods per parent")
+	podsPer := flag.Int("pods", 50, "pods per parent (scale: 100)")
 	burst := flag.Int("burst", 5000, "pod changes in the burst")
 	rate := flag.Int("rate", 200, "pod changes per second in the steady phase")
 	steady := flag.Duration("steady", 20*time.Second, "length of the steady phase")
-	scenario := flag.String("scenario", "counts", "counts, or sweep")
+	scenario := flag.String("scenario", "counts", "counts, sweep, or scale")
+	namespaces := flag.Int("namespaces", 50, "scale: namespaces")
+	parentsPerNS := flag.Int("parents-per-namespace", 30, "scale: parents per namespace")
 	total := flag.Int("total", 10_000, "sweep: pods in the cluster")
 	tracked := flag.Int("tracked", 1_000, "sweep: pods of a tracked kind among them, unlabelled")
 	flag.Parse()
@@ -62,6 +70,8 @@ func main() {
 			return run(env, *parents, *podsPer, *burst, *rate, *steady)
 		case "sweep":
 			return runSweep(env, *total, *tracked)
+		case "scale":
+			return runScale(env, *namespaces, *parentsPerNS, *podsPer)
 		}
 		return fmt.Errorf("unknown scenario %q", *scenario)
 	})

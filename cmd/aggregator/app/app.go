@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -45,6 +46,9 @@ type Options struct {
 	// defaults when zero.
 	QPS   float32
 	Burst int
+	// ContentType is how pods travel from the API server: "protobuf" (the
+	// default: less CPU for the initial list and the watch) or "json".
+	ContentType string
 }
 
 // DefaultBackfillInterval is the default time between two backfill sweeps.
@@ -83,6 +87,15 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 	if opts.LeaderElectionID == "" {
 		opts.LeaderElectionID = DefaultLeaderElectionID
+	}
+	switch opts.ContentType {
+	case "", "protobuf":
+		// controller-runtime asks for protobuf for built-in kinds when the
+		// config names no content type; custom resources travel as JSON.
+	case "json":
+		restCfg.ContentType = runtime.ContentTypeJSON
+	default:
+		return fmt.Errorf("--kube-api-content-type must be protobuf or json, not %q", opts.ContentType)
 	}
 	mgrOpts := manager.Options{
 		Cache:                  aggregate.CacheOptions(cfg.Parents),
