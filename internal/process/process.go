@@ -69,10 +69,14 @@ func (p *Process) Stop() error {
 	}
 }
 
-// WaitReady polls url until it answers 200, the process exits or ctx ends.
+// WaitReady polls url until it answers 200, the process exits or ctx ends
+// (at most 60 s unless ctx has a deadline of its own).
 func (p *Process) WaitReady(ctx context.Context, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+	}
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {

@@ -12,6 +12,11 @@
 //
 // Both are run by `make bench`.
 //
+// The scenario webhook: admissions over TLS by bin/webhook and by the
+// conventional controller-runtime webhook, each on one core, at rising
+// concurrency; then pod creates through the API server with tally's webhook
+// registered and without, alternating.
+//
 // The scenario scale (`make bench-scale`, not part of `make bench`): 150,000
 // pods at Kubernetes' limits (50 namespaces × 30 parents × 100 pods), counted
 // by tally's aggregator (with protobuf, then JSON) and by the conventional
@@ -57,7 +62,9 @@ func main() {
 	burst := flag.Int("burst", 5000, "pod changes in the burst")
 	rate := flag.Int("rate", 200, "pod changes per second in the steady phase")
 	steady := flag.Duration("steady", 20*time.Second, "length of the steady phase")
-	scenario := flag.String("scenario", "counts", "counts, sweep, or scale")
+	scenario := flag.String("scenario", "counts", "counts, sweep, scale, or webhook")
+	step := flag.Duration("step", 3*time.Second, "webhook: length of each load step over TLS")
+	apiRound := flag.Duration("api-round", 20*time.Second, "webhook: length of each round of pod creates through the API server")
 	namespaces := flag.Int("namespaces", 50, "scale: namespaces")
 	parentsPerNS := flag.Int("parents-per-namespace", 30, "scale: parents per namespace")
 	total := flag.Int("total", 10_000, "sweep: pods in the cluster")
@@ -70,6 +77,8 @@ func main() {
 			return run(env, *parents, *podsPer, *burst, *rate, *steady)
 		case "sweep":
 			return runSweep(env, *total, *tracked)
+		case "webhook":
+			return runWebhook(env, *step, *apiRound)
 		case "scale":
 			return runScale(env, *namespaces, *parentsPerNS, *podsPer)
 		}
@@ -83,7 +92,7 @@ func main() {
 
 // withControlPlane runs f on a new control plane with the bench namespace.
 func withControlPlane(f func(*framework.Env) error) error {
-	env, err := framework.Start(framework.Options{})
+	env, err := framework.Start(framework.Options{EtcdQuotaBytes: 8 << 30})
 	if err != nil {
 		return err
 	}

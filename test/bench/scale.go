@@ -18,7 +18,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
@@ -52,6 +51,8 @@ type contender struct {
 	name string
 	bin  string
 	args []string
+	// env is added to the process's environment.
+	env []string
 }
 
 // scaleResult is what one contender measured.
@@ -86,16 +87,8 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int) error {
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the conventional controller: %w: %s", err, out)
 	}
-	admin, err := env.AddUser(envtest.User{Name: "bench-admin", Groups: []string{"system:masters"}}, nil)
+	kubeconfig, err := adminKubeconfig(env, dir)
 	if err != nil {
-		return err
-	}
-	kc, err := admin.KubeConfig()
-	if err != nil {
-		return err
-	}
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
 		return err
 	}
 	cfgFile := filepath.Join(dir, "config.yaml")
@@ -112,6 +105,7 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int) error {
 	contenders := []contender{
 		{name: "tally aggregator (protobuf)", bin: filepath.Join(dir, "aggregator"), args: aggArgs},
 		{name: "tally aggregator (json)", bin: filepath.Join(dir, "aggregator"), args: append(append([]string{}, aggArgs...), "--kube-api-content-type", "json")},
+		{name: "tally aggregator (protobuf, GOGC=50)", bin: filepath.Join(dir, "aggregator"), args: aggArgs, env: []string{"GOGC=50"}},
 		{name: "conventional controller", bin: filepath.Join(dir, "conventional"), args: []string{"--kubeconfig", kubeconfig}},
 	}
 
@@ -221,6 +215,9 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int) error {
 			r.initialCPU.Seconds(), r.burstChanges, r.burstConverged.Round(time.Millisecond), r.burstCPU.Seconds()/float64(r.burstChanges)*1000)
 	}
 	conv := results[len(results)-1]
+	if conv.name != "conventional controller" {
+		return fmt.Errorf("the conventional controller must run last")
+	}
 	fmt.Println()
 	fmt.Printf("| | pods | every parent right after | RSS idle | RSS peak | RSS steady | per pod above idle | CPU to first complete write | burst of 10%%: converged | CPU per 1,000 changes |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
@@ -238,7 +235,12 @@ func startContender(ct contender, dir string) (*process.Process, error) {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	p, err := process.Start(strings.ReplaceAll(strings.Fields(ct.name)[0]+"-"+strconv.Itoa(port), " ", "-"), ct.bin, dir, append(ct.args, "--health-probe-bind-address", addr)...)
+	for _, kv := range ct.env {
+		k, v, _ := strings.Cut(kv, "=")
+		os.Setenv(k, v)
+		defer os.Unsetenv(k)
+	}
+	p, err := process.Start(strings.Fields(ct.name)[0]+"-"+strconv.Itoa(port), ct.bin, dir, append(ct.args, "--health-probe-bind-address", addr)...)
 	if err != nil {
 		return nil, err
 	}

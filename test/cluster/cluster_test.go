@@ -32,7 +32,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
@@ -187,7 +186,7 @@ func TestRealCluster(t *testing.T) {
 
 	t.Run("helm uninstall leaves nothing", func(t *testing.T) {
 		require.NoError(t, cluster.Uninstall(ctx))
-		for _, gvk := range chartKinds {
+		for _, gvk := range framework.ChartKinds {
 			list := &unstructured.UnstructuredList{}
 			list.SetGroupVersionKind(gvk)
 			require.NoError(t, c.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": framework.Release}))
@@ -199,21 +198,6 @@ func TestRealCluster(t *testing.T) {
 		})
 		assert.True(t, ok, "tally's pods still run after helm uninstall")
 	})
-}
-
-// chartKinds are the kinds of object the chart creates.
-var chartKinds = []schema.GroupVersionKind{
-	{Group: "apps", Version: "v1", Kind: "DeploymentList"},
-	{Version: "v1", Kind: "ServiceList"},
-	{Version: "v1", Kind: "ServiceAccountList"},
-	{Version: "v1", Kind: "ConfigMapList"},
-	{Version: "v1", Kind: "SecretList"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleList"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleBindingList"},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfigurationList"},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyList"},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyBindingList"},
-	{Group: "policy", Version: "v1", Kind: "PodDisruptionBudgetList"},
 }
 
 // churn scales the pools at random and deletes running pods without intent

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"runtime"
 
 	corev1 "k8s.io/api/core/v1"
@@ -53,6 +54,9 @@ type Options struct {
 	CRDPaths []string
 	// Webhooks registers admission webhooks that point at the test process.
 	Webhooks envtest.WebhookInstallOptions
+	// EtcdQuotaBytes raises etcd's storage quota (2 GiB by default), for
+	// the scale bench.
+	EtcdQuotaBytes int64
 }
 
 // Start starts kube-apiserver and etcd and installs the CRDs. The binaries
@@ -72,6 +76,10 @@ func Start(opts Options) (*Env, error) {
 			ErrorIfPathMissing: true,
 		},
 		WebhookInstallOptions: opts.Webhooks,
+	}
+	if opts.EtcdQuotaBytes > 0 {
+		env.ControlPlane.Etcd = &envtest.Etcd{}
+		env.ControlPlane.Etcd.Configure().Set("quota-backend-bytes", strconv.FormatInt(opts.EtcdQuotaBytes, 10))
 	}
 	cfg, err := env.Start()
 	if err != nil {

@@ -24,13 +24,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"tally.dev/tally/internal/demo"
-	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/framework"
@@ -77,24 +75,6 @@ certificates:
     ipAddresses: ["127.0.0.1"]
 `
 
-func start(t *testing.T, name string, args ...string) (*process.Process, string) {
-	t.Helper()
-	probe, err := framework.FreePort()
-	require.NoError(t, err)
-	addr := fmt.Sprintf("127.0.0.1:%d", probe)
-	p, err := process.Start(name, filepath.Join(bin, name), t.TempDir(), append(args, "--health-probe-bind-address", addr)...)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = p.Stop()
-		if t.Failed() {
-			log, _ := os.ReadFile(p.LogPath())
-			t.Logf("%s's log:\n%s", name, log)
-		}
-	})
-	require.NoError(t, p.WaitReady(context.Background(), "http://"+addr+"/readyz"))
-	return p, addr
-}
-
 func TestInstallUpgradeUninstall(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -130,12 +110,12 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 	port, err := framework.FreePort()
 	require.NoError(t, err)
-	start(t, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
+	framework.StartProcess(t, bin, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
 		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
 	metrics, err := framework.FreePort()
 	require.NoError(t, err)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", metrics)
-	start(t, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
+	framework.StartProcess(t, bin, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
 		"--leader-elect", "--leader-election-namespace", ns, "--leader-election-id", release+"-aggregator",
 		"--metrics-bind-address", metricsAddr)
 
@@ -187,30 +167,12 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 	// helm uninstall leaves nothing of tally.
 	helm("uninstall", release, "--namespace", ns, "--wait")
-	for _, gvk := range chartKinds {
+	for _, gvk := range framework.ChartKinds {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk)
 		require.NoError(t, env.Client.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": release}))
 		assert.Empty(t, list.Items, "%s left after helm uninstall", gvk.Kind)
 	}
-}
-
-// chartKinds are the kinds of object the chart creates.
-var chartKinds = []schema.GroupVersionKind{
-	{Group: "apps", Version: "v1", Kind: "DeploymentList"},
-	{Version: "v1", Kind: "ServiceList"},
-	{Version: "v1", Kind: "ServiceAccountList"},
-	{Version: "v1", Kind: "ConfigMapList"},
-	{Version: "v1", Kind: "SecretList"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleList"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleBindingList"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleList"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleBindingList"},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfigurationList"},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyList"},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyBindingList"},
-	{Group: "policy", Version: "v1", Kind: "PodDisruptionBudgetList"},
-	{Group: "networking.k8s.io", Version: "v1", Kind: "NetworkPolicyList"},
 }
 
 // permission is one verb on one resource (or non-resource URL), in a

@@ -114,8 +114,8 @@ func setup(t *testing.T) *install {
 	require.NoError(t, err)
 	in.webhookArgs = []string{"--config", configFile, "--kubeconfig", filepath.Join(in.dir, "webhook.kubeconfig"), "--cert-dir", in.certDir,
 		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s"}
-	in.webhook = start(t, "webhook", in.webhookArgs...)
-	in.aggregator = start(t, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(in.dir, "aggregator.kubeconfig"),
+	in.webhook, _ = framework.StartProcess(t, bin, "webhook", in.webhookArgs...)
+	in.aggregator, _ = framework.StartProcess(t, bin, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(in.dir, "aggregator.kubeconfig"),
 		"--leader-elect", "--leader-election-namespace", ns, "--leader-election-id", framework.Release+"-aggregator",
 		"--metrics-bind-address", "0", "--backfill-interval", "1h")
 
@@ -127,18 +127,6 @@ func setup(t *testing.T) *install {
 	require.NoError(t, env.Client.Update(ctx, &mwc))
 	time.Sleep(2 * time.Second) // the API server picks the registration up asynchronously
 	return in
-}
-
-func start(t *testing.T, name string, args ...string) *process.Process {
-	t.Helper()
-	probe, err := framework.FreePort()
-	require.NoError(t, err)
-	addr := fmt.Sprintf("127.0.0.1:%d", probe)
-	p, err := process.Start(name, filepath.Join(bin, name), t.TempDir(), append(args, "--health-probe-bind-address", addr)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Stop() })
-	require.NoError(t, p.WaitReady(context.Background(), "http://"+addr+"/readyz"))
-	return p
 }
 
 // run runs kubectl tally in-process and returns its exit code and output.

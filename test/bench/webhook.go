@@ -1,0 +1,474 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"tally.dev/tally/certs/devcert"
+	"tally.dev/tally/internal/process"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+// runWebhook measures admissions over TLS, on one core each: bin/webhook
+// against the conventional controller-runtime webhook, then pod creates
+// through the API server with tally's webhook registered and without.
+func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) error {
+	dir, err := os.MkdirTemp("", "tally-bench-webhook-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := framework.BuildBinaries(dir, "webhook"); err != nil {
+		return err
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(dir, "conventional-webhook"), "./test/bench/conventional-webhook")
+	build.Dir = framework.Root()
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the conventional webhook: %w: %s", err, out)
+	}
+	ca, err := devcert.NewCA("bench CA", time.Hour)
+	if err != nil {
+		return err
+	}
+	pair, err := ca.Issue([]string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		return err
+	}
+	certDir := filepath.Join(dir, "certs")
+	if err := pair.WriteDir(certDir); err != nil {
+		return err
+	}
+	kubeconfig, err := adminKubeconfig(env, dir)
+	if err != nil {
+		return err
+	}
+	cfgFile := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfgFile, []byte("parents:\n  - {group: example.tally.dev, version: v1, kind: WorkerPool, resource: workerpools}\n"), 0o600); err != nil {
+		return err
+	}
+	tallyPort, err := framework.FreePort()
+	if err != nil {
+		return err
+	}
+	convPort, err := framework.FreePort()
+	if err != nil {
+		return err
+	}
+	probe, err := framework.FreePort()
+	if err != nil {
+		return err
+	}
+	oneCore := func(p *process.Process) error {
+		// GOMAXPROCS=1 and the process pinned to one CPU: one core each.
+		return exec.Command("taskset", "-a", "-p", "-c", "0", strconv.Itoa(p.Pid())).Run()
+	}
+	os.Setenv("GOMAXPROCS", "1")
+	tally, err := process.Start("webhook", filepath.Join(dir, "webhook"), dir, "--config", cfgFile, "--kubeconfig", kubeconfig,
+		"--cert-dir", certDir, "--host", "127.0.0.1", "--port", strconv.Itoa(tallyPort), "--metrics-bind-address", "0",
+		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(probe), "--shutdown-delay", "0s", "--zap-log-level", "error")
+	if err != nil {
+		return err
+	}
+	defer tally.Stop()
+	conv, err := process.Start("conventional-webhook", filepath.Join(dir, "conventional-webhook"), dir, "--cert-dir", certDir, "--port", strconv.Itoa(convPort))
+	os.Unsetenv("GOMAXPROCS")
+	if err != nil {
+		return err
+	}
+	defer conv.Stop()
+	if err := tally.WaitReady(context.Background(), fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)); err != nil {
+		return err
+	}
+	time.Sleep(time.Second)
+	for _, p := range []*process.Process{tally, conv} {
+		if err := oneCore(p); err != nil {
+			return fmt.Errorf("pinning %d to CPU 0 (taskset, util-linux): %w", p.Pid(), err)
+		}
+	}
+	// The load generator (this process) on the other core.
+	if err := exec.Command("taskset", "-a", "-p", "-c", "1", strconv.Itoa(os.Getpid())).Run(); err != nil {
+		return fmt.Errorf("pinning the load generator to CPU 1: %w", err)
+	}
+
+	bodies, err := reviews()
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM)
+	fmt.Printf("admissions over TLS with keep-alive, server on CPU 0 (GOMAXPROCS=1), load from CPU 1; %s per step; CREATE and intent UPDATE alternating, %d B and %d B\n", step, len(bodies[0]), len(bodies[1]))
+	servers := []struct{ name, url string }{
+		{"tally (bin/webhook)", fmt.Sprintf("https://127.0.0.1:%d%s", tallyPort, mutate.Path)},
+		{"conventional (controller-runtime CustomDefaulter)", fmt.Sprintf("https://127.0.0.1:%d/mutate-pods", convPort)},
+	}
+	sat := map[string]float64{}
+	for _, s := range servers {
+		best, bestConc := 0.0, 0
+		for _, conc := range []int{1, 2, 4, 8, 16, 32, 64} {
+			res, err := load(s.url, roots, bodies, conc, step, 0)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+			fmt.Printf("  %-50s concurrency %3d: %8.0f admissions/s  p50 %-8s p99 %s\n", s.name, conc, res.rate, res.p(50), res.p(99))
+			if res.rate > best {
+				best, bestConc = res.rate, conc
+			}
+		}
+		half, err := load(s.url, roots, bodies, bestConc, step, best/2)
+		if err != nil {
+			return err
+		}
+		sat[s.name] = best
+		fmt.Printf("%s: saturation %.0f admissions/s (concurrency %d); at 50%% (%.0f/s): p50 %s p99 %s\n",
+			s.name, best, bestConc, best/2, half.p(50), half.p(99))
+	}
+	fmt.Printf("tally / conventional at saturation: %.1fx (target >= 5x); tally on one core: %.0f/s (target >= 10,000)\n",
+		sat[servers[0].name]/sat[servers[1].name], sat[servers[0].name])
+
+	return throughAPIServer(env, ca, tallyPort, apiRound)
+}
+
+// adminKubeconfig writes a cluster-admin kubeconfig for env into dir.
+func adminKubeconfig(env *framework.Env, dir string) (string, error) {
+	user, err := env.AddUser(envtest.User{Name: "bench-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return "", err
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "kubeconfig")
+	return path, os.WriteFile(path, kc, 0o600)
+}
+
+// reviews returns a CREATE of the realistic pod and an UPDATE setting its
+// completion intent, as the API server sends them.
+func reviews() ([][]byte, error) {
+	pod := builder.RealisticPod(builder.Pod("bench", "pool-0-abcde").ControlledBy(builder.WorkerPoolGVK, "pool-0", "6f2c7e84-0b6e-4d5e-9b3a-2d0c9c1f7a11"))
+	marked := pod.DeepCopy()
+	marked.Labels = map[string]string{keys.ParentUID: "6f2c7e84-0b6e-4d5e-9b3a-2d0c9c1f7a11", keys.ParentName: "pool-0"}
+	marked.Annotations = map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-0"}
+	old := marked.DeepCopy()
+	marked.Annotations[keys.CompletionIntent] = "scale-down"
+	var out [][]byte
+	for _, r := range []struct {
+		op       admissionv1.Operation
+		obj, old *corev1.Pod
+	}{{admissionv1.Create, pod, nil}, {admissionv1.Update, marked, old}} {
+		raw, err := json.Marshal(r.obj)
+		if err != nil {
+			return nil, err
+		}
+		req := &admissionv1.AdmissionRequest{
+			UID: types.UID("2c8e1b5a-6a0e-4bb4-9f4c-0d3a4b5c6d7e"), Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Namespace: "bench", Name: r.obj.Name,
+			Operation: r.op, UserInfo: authenticationv1.UserInfo{Username: "system:serviceaccount:ops:pool-operator"},
+			Object: runtime.RawExtension{Raw: raw},
+		}
+		if r.old != nil {
+			oldRaw, err := json.Marshal(r.old)
+			if err != nil {
+				return nil, err
+			}
+			req.OldObject = runtime.RawExtension{Raw: oldRaw}
+		}
+		body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"}, Request: req})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, body)
+	}
+	return out, nil
+}
+
+// loadResult is one load step.
+type loadResult struct {
+	rate float64
+	lat  []time.Duration
+}
+
+func (r loadResult) p(q int) time.Duration { return pct(r.lat, q).Round(time.Microsecond) }
+
+// load sends the bodies in turn from conc keep-alive connections for d:
+// as fast as answers come (rate 0), or at rate requests a second in all.
+func load(url string, roots *x509.CertPool, bodies [][]byte, conc int, d time.Duration, rate float64) (loadResult, error) {
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, MaxIdleConnsPerHost: conc, MaxConnsPerHost: conc, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	var mu sync.Mutex
+	var lat []time.Duration
+	var done atomic.Int64
+	var firstErr atomic.Value
+	start := time.Now()
+	deadline := start.Add(d)
+	var interval time.Duration
+	if rate > 0 {
+		interval = time.Duration(float64(time.Second) * float64(conc) / rate)
+	}
+	var wg sync.WaitGroup
+	for w := range conc {
+		wg.Go(func() {
+			var mine []time.Duration
+			next := start.Add(time.Duration(w) * interval / time.Duration(conc))
+			for i := w; time.Now().Before(deadline); i++ {
+				if interval > 0 {
+					time.Sleep(time.Until(next))
+					next = next.Add(interval)
+				}
+				t := time.Now()
+				resp, err := client.Post(url, "application/json", bytes.NewReader(bodies[i%len(bodies)]))
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("%s", resp.Status)
+					}
+				}
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				mine = append(mine, time.Since(t))
+				done.Add(1)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return loadResult{}, err
+	}
+	slices.Sort(lat)
+	return loadResult{rate: float64(done.Load()) / time.Since(start).Seconds(), lat: lat}, nil
+}
+
+// throughAPIServer creates pods from 10 and 50 clients for d at a time,
+// without a webhook and with tally's registered, alternating, and reads the
+// API server's own measure of the webhook call.
+func throughAPIServer(env *framework.Env, ca *devcert.CA, port int, d time.Duration) error {
+	ctx := context.Background()
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = -1, 0
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	pool := builder.WorkerPool(ns, "creates", 0)
+	if err := env.Client.Create(ctx, pool); err != nil {
+		return err
+	}
+	parents := []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Resource: "workerpools"}}
+	wh := mutate.Webhook(parents, admissionregistrationv1.WebhookClientConfig{
+		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
+	}, framework.AggregatorUser)
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-bench"}, Webhooks: []admissionregistrationv1.MutatingWebhook{wh}}
+	register := func(on bool) error {
+		if on {
+			err := env.Client.Create(ctx, mwc.DeepCopy())
+			time.Sleep(2 * time.Second)
+			return err
+		}
+		err := env.Client.Delete(ctx, mwc.DeepCopy())
+		time.Sleep(2 * time.Second)
+		return err
+	}
+	servers, err := children("kube-apiserver", "etcd")
+	if err != nil || len(servers) != 2 {
+		return fmt.Errorf("finding the API server and etcd among this process's children: %v (found %v)", err, servers)
+	}
+	var seq atomic.Int64
+	layouts := []struct {
+		name string
+		cpus string
+	}{
+		{"API server and etcd on both cores, the webhook on CPU 0, the clients on CPU 1", "0,1"},
+		{"API server, etcd and the clients on CPU 1, the webhook alone on CPU 0 (as on another node)", "1"},
+	}
+	for _, layout := range layouts {
+		for _, pid := range servers {
+			if err := exec.Command("taskset", "-a", "-p", "-c", layout.cpus, strconv.Itoa(pid)).Run(); err != nil {
+				return fmt.Errorf("pinning %d: %w", pid, err)
+			}
+		}
+		fmt.Printf("\npod creates through the API server (realistic pods of a WorkerPool), %s per round, alternating; %s:\n", d, layout.name)
+		p99s := map[string][]time.Duration{}
+		for _, clients := range []int{10, 50} {
+			for round := range 4 {
+				withWebhook := round%2 == 1
+				if err := register(withWebhook); err != nil && withWebhook {
+					return err
+				}
+				before, err := webhookHistogram(ctx, cs, wh.Name)
+				if err != nil {
+					return err
+				}
+				var mu sync.Mutex
+				var lat []time.Duration
+				deadline := time.Now().Add(d)
+				var wg sync.WaitGroup
+				var firstErr atomic.Value
+				for range clients {
+					wg.Go(func() {
+						var mine []time.Duration
+						for time.Now().Before(deadline) {
+							pod := builder.RealisticPod(builder.Pod(ns, fmt.Sprintf("creates-%d", seq.Add(1))).ControlledBy(builder.WorkerPoolGVK, pool.GetName(), pool.GetUID()))
+							t := time.Now()
+							if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+								firstErr.CompareAndSwap(nil, err)
+								return
+							}
+							mine = append(mine, time.Since(t))
+						}
+						mu.Lock()
+						lat = append(lat, mine...)
+						mu.Unlock()
+					})
+				}
+				wg.Wait()
+				if err, _ := firstErr.Load().(error); err != nil {
+					return err
+				}
+				after, err := webhookHistogram(ctx, cs, wh.Name)
+				if err != nil {
+					return err
+				}
+				slices.Sort(lat)
+				name := "no webhook"
+				extra := ""
+				if withWebhook {
+					name = "tally    "
+					extra = fmt.Sprintf("; the API server's webhook call: p50 %s p99 %s", after.quantile(before, 0.5), after.quantile(before, 0.99))
+				}
+				key := fmt.Sprintf("%d/%t", clients, withWebhook)
+				p99s[key] = append(p99s[key], pct(lat, 99))
+				fmt.Printf("  %2d clients, %s: %5d creates, %6.0f/s, p50 %-9s p99 %s%s\n", clients, name, len(lat), float64(len(lat))/d.Seconds(),
+					pct(lat, 50).Round(time.Microsecond), pct(lat, 99).Round(time.Microsecond), extra)
+			}
+			mean := func(ds []time.Duration) time.Duration {
+				var s time.Duration
+				for _, x := range ds {
+					s += x
+				}
+				return s / time.Duration(len(ds))
+			}
+			without, with := mean(p99s[fmt.Sprintf("%d/false", clients)]), mean(p99s[fmt.Sprintf("%d/true", clients)])
+			fmt.Printf("  %2d clients: p99 with tally / without, mean of 2 rounds each: %.2f (%s / %s)\n", clients, float64(with)/float64(without),
+				with.Round(time.Microsecond), without.Round(time.Microsecond))
+		}
+	}
+	return nil
+}
+
+// children returns the PIDs of this process's children running the named
+// commands.
+func children(names ...string) ([]int, error) {
+	procs, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		st := string(b)
+		open, closing := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
+		if open < 0 || closing < 0 {
+			continue
+		}
+		f := strings.Fields(st[closing+2:])
+		if len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) || !slices.Contains(names, st[open+1:closing]) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+// histogram is the API server's apiserver_admission_webhook_admission_duration_seconds
+// for one webhook: cumulative counts by upper bound.
+type histogram map[float64]float64
+
+func webhookHistogram(ctx context.Context, cs kubernetes.Interface, name string) (histogram, error) {
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h := histogram{}
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "apiserver_admission_webhook_admission_duration_seconds_bucket{") || !strings.Contains(line, `name="`+name+`"`) {
+			continue
+		}
+		i := strings.Index(line, `le="`)
+		j := strings.Index(line[i+4:], `"`)
+		le, err := strconv.ParseFloat(line[i+4:i+4+j], 64)
+		if err != nil {
+			le = math.Inf(1)
+		}
+		v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		h[le] += v
+	}
+	return h, sc.Err()
+}
+
+// quantile estimates the q-quantile of the observations between before and
+// h: the upper bound of the bucket it falls in.
+func (h histogram) quantile(before histogram, q float64) string {
+	var bounds []float64
+	for le := range h {
+		bounds = append(bounds, le)
+	}
+	slices.Sort(bounds)
+	if len(bounds) == 0 {
+		return "n/a"
+	}
+	total := h[bounds[len(bounds)-1]] - before[bounds[len(bounds)-1]]
+	for _, le := range bounds {
+		if h[le]-before[le] >= q*total {
+			return fmt.Sprintf("<= %gms", le*1000)
+		}
+	}
+	return "n/a"
+}
