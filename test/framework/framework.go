@@ -175,3 +175,16 @@ func (e *Env) StatusCount(ctx context.Context, gvk schema.GroupVersionKind, ns, 
 	}
 	return v, nil
 }
+
+// MainWithBinaries is Main for a package that runs tally's binaries: it
+// builds the commands names into a temporary directory, which *bin names,
+// and removes it at the end.
+func MainWithBinaries(m interface{ Run() int }, opts Options, env **Env, bin *string, names ...string) int {
+	var err error
+	if *bin, err = os.MkdirTemp("", "tally-bin-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(*bin)
+	return Main(m, opts, env, func(*Env) error { return BuildBinaries(*bin, names...) })
+}

@@ -45,16 +45,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	if bin, err = os.MkdirTemp("", "tally-install-bin-"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := framework.Main(m, framework.Options{}, &env, func(*framework.Env) error {
-		return framework.BuildBinaries(bin, "webhook", "aggregator")
-	})
-	_ = os.RemoveAll(bin)
-	os.Exit(code)
+	os.Exit(framework.MainWithBinaries(m, framework.Options{}, &env, &bin, "webhook", "aggregator"))
 }
 
 // values tracks the example WorkerPool, and a kind held back (its CRD is

@@ -51,16 +51,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	if bin, err = os.MkdirTemp("", "tally-kubectl-bin-"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := framework.Main(m, framework.Options{}, &env, func(*framework.Env) error {
-		return framework.BuildBinaries(bin, "webhook", "aggregator")
-	})
-	_ = os.RemoveAll(bin)
-	os.Exit(code)
+	os.Exit(framework.MainWithBinaries(m, framework.Options{}, &env, &bin, "webhook", "aggregator"))
 }
 
 const values = `parents:
