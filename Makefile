@@ -41,7 +41,7 @@ DEMO_DURATION ?= 60s
 
 .PHONY: help
 help: ## List the targets.
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: build
 build: ## Build bin/webhook, bin/aggregator and bin/kubectl-tally.
