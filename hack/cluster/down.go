@@ -47,7 +47,7 @@ func (c *cluster) down(check bool) error {
 	keep(c.stop("containerd"))
 	keep(c.stop("kube-apiserver"))
 	keep(c.stop("etcd"))
-	keep(killStrays())
+	killStrays()
 
 	keep(unmountUnder(append([]string{c.dir, runDir}, hostPaths...), before.Mounts))
 	now, err := snapshot(c)
@@ -223,7 +223,7 @@ func alive(pid int) bool {
 
 // killStrays kills containerd shims serving this cluster's containerd and
 // any process left in a kubepods cgroup.
-func killStrays() error {
+func killStrays() {
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
 		pid, _ := strconv.Atoi(filepath.Base(p))
@@ -234,7 +234,6 @@ func killStrays() error {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	return nil
 }
 
 // unmountUnder unmounts, deepest first, every mount under one of dirs that

@@ -63,7 +63,6 @@ webhook:
   replicas: 2
 aggregator:
   replicas: 2
-  backfillInterval: 1m
 `
 
 // Helm runs helm against the cluster.

@@ -36,17 +36,30 @@ func Tally(ns string, uid types.UID, pods []*Pod) Counts {
 		if pod.Namespace != ns || pod.Controller.UID != uid || pod.ParentUID != uid {
 			continue
 		}
-		terminal := pod.Terminal()
-		switch {
-		case pod.Intent && !terminal:
+		switch Class(pod.Intent, pod.Terminal(), pod.DeletionTimestamp != nil) {
+		case config.Completing:
 			c.Completing++
-		case pod.Intent:
+		case config.Completed:
 			c.Completed++
-		case terminal || pod.DeletionTimestamp != nil:
+		case config.Unexpected:
 			c.Unexpected++
 		default:
 			c.Active++
 		}
 	}
 	return c
+}
+
+// Class is the count a pod falls in (SPEC "Counts"): by whether it carries
+// a completion intent, has a terminal phase, and is being deleted.
+func Class(intent, terminal, terminating bool) config.Count {
+	switch {
+	case intent && !terminal:
+		return config.Completing
+	case intent:
+		return config.Completed
+	case terminal || terminating:
+		return config.Unexpected
+	}
+	return config.Active
 }

@@ -16,12 +16,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 )
-
-// FieldManager is the aggregator's server-side apply field manager.
-const FieldManager = "tally-aggregator"
 
 // Report is what explain found for one parent.
 type Report struct {
@@ -87,7 +85,7 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		Namespace: parent.GetNamespace(), Name: parent.GetName(), UID: uid,
 	}}
 	for _, mf := range parent.GetManagedFields() {
-		if mf.Manager == FieldManager && mf.Operation == metav1.ManagedFieldsOperationApply && mf.Subresource == "status" && mf.Time != nil {
+		if mf.Manager == aggregate.FieldManager && mf.Operation == metav1.ManagedFieldsOperationApply && mf.Subresource == "status" && mf.Time != nil {
 			r.LastWrite = mf.Time
 		}
 	}
@@ -140,7 +138,7 @@ func toInt64(v any) (int64, bool) {
 	return 0, false
 }
 
-// Classify returns a pod's class (SPEC "Counts") and why.
+// Classify returns a pod's class, by the aggregator's rule, and why.
 func Classify(pod *corev1.Pod) (config.Count, string) {
 	var why []string
 	reason, intent := pod.Annotations[keys.CompletionIntent]
@@ -166,18 +164,7 @@ func Classify(pod *corev1.Pod) (config.Count, string) {
 	if terminating {
 		why = append(why, "terminating since "+pod.DeletionTimestamp.UTC().Format(time.RFC3339))
 	}
-	var class config.Count
-	switch {
-	case intent && !terminal:
-		class = config.Completing
-	case intent:
-		class = config.Completed
-	case terminal || terminating:
-		class = config.Unexpected
-	default:
-		class = config.Active
-	}
-	return class, strings.Join(why, ", ")
+	return aggregate.Class(intent, terminal, terminating), strings.Join(why, ", ")
 }
 
 func notCountedReason(ref *metav1.OwnerReference) string {

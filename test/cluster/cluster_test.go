@@ -50,14 +50,9 @@ import (
 const ns = "e2e"
 
 // figures are printed at the end of the run.
-type figures struct {
-	mu    sync.Mutex
-	lines []string
-}
+type figures struct{ lines []string }
 
 func (f *figures) add(format string, args ...any) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.lines = append(f.lines, fmt.Sprintf(format, args...))
 }
 

@@ -504,10 +504,20 @@ func (d *doctor) checkPermissions(ctx context.Context, cfg *config.Config) Check
 	for _, verb := range []string{"get", "update"} {
 		need = append(need, permission{agg, authorizationv1.ResourceAttributes{Namespace: d.tallyNamespace, Verb: verb, Group: "coordination.k8s.io", Resource: "leases", Name: agg}})
 	}
+	mapper, err := d.flags.ToRESTMapper()
+	if err != nil {
+		return fail(name, "", "reading the API's resources: %v", err)
+	}
 	for _, p := range cfg.Parents {
 		resource := p.Resource
 		if resource == "" {
-			continue
+			// Resolved through discovery, as the aggregator does; a kind
+			// that is not served is the parent kind check's failure.
+			mapping, err := mapper.RESTMapping(p.GroupKind(), p.Version)
+			if err != nil {
+				continue
+			}
+			resource = mapping.Resource.Resource
 		}
 		for _, verb := range []string{"get", "list", "watch"} {
 			need = append(need, permission{agg, authorizationv1.ResourceAttributes{Verb: verb, Group: p.Group, Resource: resource}})

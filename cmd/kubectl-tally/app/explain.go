@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/printers"
 
+	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/explain"
 	"tally.dev/tally/pkg/keys"
@@ -134,10 +135,10 @@ func kindFor(mapper meta.RESTMapper, arg string) (schema.GroupVersionKind, error
 func writeReport(out io.Writer, r explain.Report, now time.Time) {
 	fmt.Fprintf(out, "%s %s/%s (%s, uid %s)\n", r.Parent.Kind, r.Parent.Namespace, r.Parent.Name, r.Parent.APIVersion, r.Parent.UID)
 	if r.LastWrite != nil {
-		fmt.Fprintf(out, "Status last applied by %s at %s (%s ago)\n", explain.FieldManager,
+		fmt.Fprintf(out, "Status last applied by %s at %s (%s ago)\n", aggregate.FieldManager,
 			r.LastWrite.UTC().Format(time.RFC3339), now.Sub(r.LastWrite.Time).Round(time.Second))
 	} else {
-		fmt.Fprintf(out, "Status never applied by %s\n", explain.FieldManager)
+		fmt.Fprintf(out, "Status never applied by %s\n", aggregate.FieldManager)
 	}
 
 	fmt.Fprintln(out)
