@@ -26,10 +26,19 @@ const (
 	Completed  Count = "completed"
 	Active     Count = "active"
 	Unexpected Count = "unexpected"
+	// CompletedTotal and UnexpectedTotal count the pods that ever finished
+	// with and without an intent, each once. Mapping either opts the kind in
+	// to tracking: a finalizer on its pods and a ledger in its status.
+	CompletedTotal  Count = "completedTotal"
+	UnexpectedTotal Count = "unexpectedTotal"
 )
 
 // Counts lists every valid count, in a fixed order.
-var Counts = []Count{Completing, Completed, Active, Unexpected}
+var Counts = []Count{Completing, Completed, Active, Unexpected, CompletedTotal, UnexpectedTotal}
+
+// Total reports whether c is a cumulative total rather than a count of the
+// pods that exist.
+func (c Count) Total() bool { return c == CompletedTotal || c == UnexpectedTotal }
 
 // DefaultCounts is the mapping used when a parent kind maps no counts.
 var DefaultCounts = map[Count]string{Completing: "status.completing"}
@@ -57,6 +66,24 @@ type Parent struct {
 	// Counts maps count names to dotted status field paths. After Parse it
 	// is never empty: DefaultCounts applies when the file maps none.
 	Counts map[Count]string `json:"counts,omitempty"`
+	// Ledger is the dotted status path of the pods recorded as finished but
+	// not yet added to the totals. Required when a total is mapped.
+	Ledger string `json:"ledger,omitempty"`
+}
+
+// Tracked reports whether the kind keeps cumulative totals: its pods carry
+// the keys.TrackingFinalizer until the aggregator has recorded them.
+func (p Parent) Tracked() bool {
+	return p.Counts[CompletedTotal] != "" || p.Counts[UnexpectedTotal] != ""
+}
+
+// LedgerPath returns the ledger's path split on dots; nil when the kind
+// keeps no totals.
+func (p Parent) LedgerPath() []string {
+	if p.Ledger == "" {
+		return nil
+	}
+	return strings.Split(p.Ledger, ".")
 }
 
 // GroupVersionKind returns the kind's GroupVersionKind.
@@ -123,7 +150,7 @@ func Parse(data []byte) (*Config, error) {
 
 var (
 	topKeys    = []string{"parents", "verifyOwner"}
-	parentKeys = []string{"group", "version", "kind", "resource", "counts"}
+	parentKeys = []string{"group", "version", "kind", "resource", "counts", "ledger"}
 )
 
 // checkKeys rejects keys the schema does not know, naming each by its path.
@@ -185,7 +212,17 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("%s: kind %s is already configured at parents[%d]", at, p.GroupKind(), j))
 		}
 		seen[p.GroupKind()] = i
-		errs = append(errs, validateCounts(at, p.Counts)...)
+		errs = append(errs, validateCounts(at, p.Counts, p.Ledger)...)
+		switch {
+		case p.Tracked() && p.Ledger == "":
+			errs = append(errs, fmt.Errorf("%s.ledger: required when completedTotal or unexpectedTotal is mapped (e.g. status.tallyLedger)", at))
+		case p.Ledger != "" && !p.Tracked():
+			errs = append(errs, fmt.Errorf("%s.ledger: set, but neither completedTotal nor unexpectedTotal is mapped", at))
+		case p.Ledger != "":
+			if err := validatePath(p.Ledger, "tallyLedger"); err != nil {
+				errs = append(errs, fmt.Errorf("%s.ledger: %w", at, err))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -199,39 +236,44 @@ func validGroup(g string) bool {
 	return len(g) <= 253
 }
 
-func validateCounts(at string, counts map[Count]string) []error {
+func validateCounts(at string, counts map[Count]string, ledger string) []error {
 	var errs []error
-	paths := map[string]Count{}
-	names := make([]string, 0, len(counts))
-	for c := range counts {
-		names = append(names, string(c))
+	paths := map[string]string{}
+	if ledger != "" {
+		paths[ledger] = "the ledger"
 	}
-	slices.Sort(names)
-	for _, name := range names {
-		c := Count(name)
-		path := counts[c]
-		key := fmt.Sprintf("%s.counts.%s", at, c)
-		if !slices.Contains(Counts, c) {
-			errs = append(errs, fmt.Errorf("%s: unknown count %q, must be one of completing, completed, active, unexpected", key, c))
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
+		path := counts[name]
+		key := fmt.Sprintf("%s.counts.%s", at, name)
+		if !slices.Contains(Counts, name) {
+			errs = append(errs, fmt.Errorf("%s: unknown count %q, must be one of completing, completed, active, unexpected, completedTotal, unexpectedTotal", key, name))
 			continue
 		}
-		segments := strings.Split(path, ".")
-		if len(segments) < 2 || segments[0] != "status" {
-			errs = append(errs, fmt.Errorf("%s: field path %q must be under status. (e.g. status.%s)", key, path, c))
+		if err := validatePath(path, string(name)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", key, err))
 			continue
 		}
-		for _, s := range segments[1:] {
-			if !fieldSegment.MatchString(s) {
-				errs = append(errs, fmt.Errorf("%s: field path %q has an invalid segment %q", key, path, s))
-				break
-			}
-		}
-		for other, oc := range paths {
+		for _, other := range slices.Sorted(maps.Keys(paths)) {
 			if other == path || strings.HasPrefix(other, path+".") || strings.HasPrefix(path, other+".") {
-				errs = append(errs, fmt.Errorf("%s: field path %q overlaps %q, mapped by count %s", key, path, other, oc))
+				errs = append(errs, fmt.Errorf("%s: field path %q overlaps %q, mapped by %s", key, path, other, paths[other]))
 			}
 		}
-		paths[path] = c
+		paths[path] = "count " + string(name)
 	}
 	return errs
+}
+
+// validatePath checks a dotted field path under status; example names the
+// field in the message's example.
+func validatePath(path, example string) error {
+	segments := strings.Split(path, ".")
+	if len(segments) < 2 || segments[0] != "status" {
+		return fmt.Errorf("field path %q must be under status. (e.g. status.%s)", path, example)
+	}
+	for _, s := range segments[1:] {
+		if !fieldSegment.MatchString(s) {
+			return fmt.Errorf("field path %q has an invalid segment %q", path, s)
+		}
+	}
+	return nil
 }

@@ -52,6 +52,20 @@ verifyOwner: true
 				},
 			},
 		},
+		"totals with their ledger": {
+			doc: `
+parents:
+  - version: v1
+    kind: A
+    counts:
+      unexpectedTotal: status.restarts
+    ledger: status.tallyLedger
+`,
+			want: Config{Parents: []Parent{{
+				Version: "v1", Kind: "A",
+				Counts: map[Count]string{UnexpectedTotal: "status.restarts"}, Ledger: "status.tallyLedger",
+			}}},
+		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -114,6 +128,22 @@ func TestParseInvalid(t *testing.T) {
 		"duplicate kind": {
 			doc:     "parents: [{version: v1, kind: A}, {version: v2, kind: A}]\n",
 			wantErr: "parents[1]: kind A is already configured at parents[0]",
+		},
+		"total without a ledger": {
+			doc:     "parents: [{version: v1, kind: A, counts: {completedTotal: status.done}}]\n",
+			wantErr: "parents[0].ledger: required when completedTotal or unexpectedTotal is mapped",
+		},
+		"ledger without a total": {
+			doc:     "parents: [{version: v1, kind: A, ledger: status.l}]\n",
+			wantErr: "parents[0].ledger: set, but neither completedTotal nor unexpectedTotal is mapped",
+		},
+		"ledger outside status": {
+			doc:     "parents: [{version: v1, kind: A, counts: {unexpectedTotal: status.u}, ledger: spec.l}]\n",
+			wantErr: `parents[0].ledger: field path "spec.l" must be under status.`,
+		},
+		"ledger overlapping a count": {
+			doc:     "parents: [{version: v1, kind: A, counts: {unexpectedTotal: status.l.u}, ledger: status.l}]\n",
+			wantErr: `parents[0].counts.unexpectedTotal: field path "status.l.u" overlaps "status.l", mapped by the ledger`,
 		},
 		"wrong type": {
 			doc:     "parents: [{version: v1, kind: A}]\nverifyOwner: yes please\n",

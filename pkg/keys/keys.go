@@ -34,4 +34,9 @@ const (
 	// CompletionIntentBy is the annotation holding the username of the
 	// requester that set the intent. Only the webhook sets it.
 	CompletionIntentBy = "tally.dev/completion-intent-by"
+
+	// TrackingFinalizer is the finalizer that keeps a pod of a kind with
+	// cumulative totals until the aggregator has recorded how it finished.
+	// The webhook adds it on CREATE; only the aggregator removes it.
+	TrackingFinalizer = "tally.dev/tracking"
 )

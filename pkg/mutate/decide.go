@@ -32,6 +32,7 @@ type PodMeta struct {
 	Labels          map[string]string       `json:"labels,omitempty"`
 	Annotations     map[string]string       `json:"annotations,omitempty"`
 	OwnerReferences []metav1.OwnerReference `json:"ownerReferences,omitempty"`
+	Finalizers      []string                `json:"finalizers,omitempty"`
 }
 
 // Input is one admission request, reduced to what the decision needs.
@@ -93,6 +94,8 @@ type OwnerChecker interface {
 // Mutator decides what the pod metadata contract requires of a request.
 type Mutator struct {
 	tracked map[schema.GroupKind]bool
+	// totals holds the kinds that keep cumulative totals.
+	totals  map[schema.GroupKind]bool
 	checker OwnerChecker
 }
 
@@ -100,11 +103,19 @@ type Mutator struct {
 // nil, verifies owners before pods are stamped (verifyOwner).
 func NewMutator(parents []config.Parent, checker OwnerChecker) *Mutator {
 	tracked := make(map[schema.GroupKind]bool, len(parents))
+	totals := map[schema.GroupKind]bool{}
 	for _, p := range parents {
 		tracked[p.GroupKind()] = true
+		if p.Tracked() {
+			totals[p.GroupKind()] = true
+		}
 	}
-	return &Mutator{tracked: tracked, checker: checker}
+	return &Mutator{tracked: tracked, totals: totals, checker: checker}
 }
+
+// KeepsTotals reports whether kind keeps cumulative totals, so that its pods
+// carry keys.TrackingFinalizer.
+func (m *Mutator) KeepsTotals(kind schema.GroupKind) bool { return m.totals[kind] }
 
 // intentClockSkew bounds how far a completion-intent-at value already on a
 // pod may lie from now and still be taken as the webhook's own stamp from an
@@ -178,6 +189,9 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	at, by, hasIntentStamp := intentStamp(in)
 	p.annotation(keys.CompletionIntentAt, at, hasIntentStamp)
 	p.annotation(keys.CompletionIntentBy, by, hasIntentStamp)
+	if in.Operation == Create && isTracked && m.totals[owner.GroupKind] {
+		p.finalizer(keys.TrackingFinalizer)
+	}
 	return d
 }
 

@@ -340,6 +340,47 @@ func TestDecideCreateReinvocationKeepsOwnStamp(t *testing.T) {
 	assert.NotEmpty(t, m.Decide(context.Background(), in).Patch)
 }
 
+// TestDecideTrackingFinalizer: the pods of a kind with totals get
+// keys.TrackingFinalizer on CREATE only, once, beside the finalizers they
+// carry; other pods never get it.
+func TestDecideTrackingFinalizer(t *testing.T) {
+	withTotals := []config.Parent{
+		{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: map[config.Count]string{config.UnexpectedTotal: "status.restarts"}, Ledger: "status.ledger"},
+		{Version: "v1", Kind: "ReplicationController"},
+	}
+	tests := []struct {
+		name    string
+		op      Operation
+		pod     *builder.PodBuilder
+		old     *builder.PodBuilder
+		checker OwnerChecker
+		want    []string
+	}{
+		{name: "create adds it", op: Create, pod: pod().ControlledBy(pool, "pool-a", uid), want: []string{keys.TrackingFinalizer}},
+		{name: "create keeps other finalizers", op: Create, pod: pod().ControlledBy(pool, "pool-a", uid).Finalizer("example.com/x"),
+			want: []string{"example.com/x", keys.TrackingFinalizer}},
+		{name: "create with it already", op: Create, pod: stamped().Finalizer(keys.TrackingFinalizer), want: []string{keys.TrackingFinalizer}},
+		{name: "kind without totals", op: Create, pod: pod().ControlledBy(rcGVK, "rc", uid)},
+		{name: "untracked owner", op: Create, pod: pod().ControlledBy(jobGVK, "j", uid)},
+		{name: "owner not verified", op: Create, pod: pod().ControlledBy(pool, "pool-a", uid), checker: fakeChecker{}},
+		{name: "update never adds it back", op: Update, pod: stamped(), old: stamped()},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var old *corev1.Pod
+			if tc.old != nil {
+				old = tc.old.Build()
+			}
+			_, got := admit(t, NewMutator(withTotals, tc.checker), tc.op, tc.pod.Build(), old)
+			assert.Equal(t, tc.want, got.Finalizers)
+			again, _ := admit(t, NewMutator(withTotals, tc.checker), tc.op, got, old)
+			for _, op := range again.Patch {
+				assert.NotContains(t, op.Path, "/metadata/finalizers", "second admission patched the finalizers")
+			}
+		})
+	}
+}
+
 func nonNil(m map[string]string) map[string]string {
 	if m == nil {
 		return map[string]string{}

@@ -18,6 +18,9 @@ type PatchOp struct {
 	// MapKey, when set, makes the value the object {MapKey: Value}: the
 	// operation creates the labels or annotations map itself.
 	MapKey string
+	// List makes the value the array [Value]: the operation creates the
+	// finalizers list itself.
+	List bool
 }
 
 // patcher collects the operations that bring each key of one request to
@@ -37,6 +40,20 @@ func (p *patcher) label(key, want string, present bool) {
 
 func (p *patcher) annotation(key, want string, present bool) {
 	p.set("annotations", "annotation", p.in.Pod.Annotations, oldMap(p.in.Old, false), &p.createdAnnotations, key, want, present)
+}
+
+// finalizer adds f to the pod's finalizers when it does not carry it. Only
+// CREATE adds it: the aggregator removes it once the pod is recorded, and no
+// later update may bring it back.
+func (p *patcher) finalizer(f string) {
+	if slices.Contains(p.in.Pod.Finalizers, f) {
+		return
+	}
+	if p.in.Pod.Finalizers == nil {
+		p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: "/metadata/finalizers", Value: f, List: true})
+		return
+	}
+	p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: "/metadata/finalizers/-", Value: f})
 }
 
 func oldMap(old *PodMeta, labels bool) map[string]string {
@@ -126,6 +143,10 @@ func AppendPatch(buf []byte, ops []PatchOp) []byte {
 		buf = appendString(buf, op.Path)
 		switch {
 		case op.Op == "remove":
+		case op.List:
+			buf = append(buf, `,"value":[`...)
+			buf = appendString(buf, op.Value)
+			buf = append(buf, ']')
 		case op.MapKey != "":
 			buf = append(buf, `,"value":{`...)
 			buf = appendString(buf, op.MapKey)

@@ -24,6 +24,10 @@ func TestAppendPatch(t *testing.T) {
 			ops:  []PatchOp{{Op: "add", Path: "/metadata/labels", Value: "u", MapKey: "tally.dev/parent-uid"}},
 			want: `[{"op":"add","path":"/metadata/labels","value":{"tally.dev/parent-uid":"u"}}]`,
 		},
+		"new list": {
+			ops:  []PatchOp{{Op: "add", Path: "/metadata/finalizers", Value: "tally.dev/tracking", List: true}},
+			want: `[{"op":"add","path":"/metadata/finalizers","value":["tally.dev/tracking"]}]`,
+		},
 		"string escaping": {
 			ops:  []PatchOp{{Op: "replace", Path: "/p", Value: "q\"\\\n\t\x01é\xff"}},
 			want: `[{"op":"replace","path":"/p","value":"q\"\\\n\t\u0001é\ufffd"}]`,
