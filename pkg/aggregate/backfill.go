@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -11,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -220,11 +223,12 @@ func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata) {
 			// set are still removed by the patch.
 			s.report(pod, d.Unverified)
 		}
-		if len(d.Patch) == 0 {
+		patch := append(d.Patch, s.untrack(pod)...)
+		if len(patch) == 0 {
 			return
 		}
 		// The patch holds only if the pod is still the one decided on.
-		ops := append([]mutate.PatchOp{{Op: "test", Path: "/metadata/resourceVersion", Value: pod.ResourceVersion}}, d.Patch...)
+		ops := append([]mutate.PatchOp{{Op: "test", Path: "/metadata/resourceVersion", Value: pod.ResourceVersion}}, patch...)
 		uid := pod.UID
 		err := s.writer.Patch(ctx, pod, client.RawPatch(types.JSONPatchType, mutate.AppendPatch(nil, ops)), client.FieldOwner(FieldManager))
 		switch {
@@ -252,6 +256,23 @@ func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata) {
 			return
 		}
 	}
+}
+
+// untrack returns the operation that removes the tracking finalizer from a
+// pod whose controller's kind keeps no totals (it was removed from the
+// configuration, or its totals were), and none otherwise. The pods of kinds
+// that keep totals lose it through their parent's reconciler.
+func (s *sweep) untrack(pod *metav1.PartialObjectMetadata) []mutate.PatchOp {
+	i := slices.Index(pod.Finalizers, keys.TrackingFinalizer)
+	if i < 0 {
+		return nil
+	}
+	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
+		if gv, err := schema.ParseGroupVersion(ref.APIVersion); err == nil && s.rules.KeepsTotals(schema.GroupKind{Group: gv.Group, Kind: ref.Kind}) {
+			return nil
+		}
+	}
+	return []mutate.PatchOp{{Op: "remove", Path: "/metadata/finalizers/" + strconv.Itoa(i)}}
 }
 
 // report records a pod that could not be stamped.

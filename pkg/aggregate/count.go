@@ -6,9 +6,10 @@ import (
 	"tally.dev/tally/pkg/config"
 )
 
-// Counts are the counts of one parent's pods.
+// Counts are the counts of one parent's pods, and its totals.
 type Counts struct {
 	Completing, Completed, Active, Unexpected int64
+	CompletedTotal, UnexpectedTotal           int64
 }
 
 // Get returns the count named c.
@@ -22,6 +23,10 @@ func (c Counts) Get(name config.Count) int64 {
 		return c.Active
 	case config.Unexpected:
 		return c.Unexpected
+	case config.CompletedTotal:
+		return c.CompletedTotal
+	case config.UnexpectedTotal:
+		return c.UnexpectedTotal
 	}
 	return 0
 }
@@ -33,7 +38,7 @@ func (c Counts) Get(name config.Count) int64 {
 func Tally(ns string, uid types.UID, pods []*Pod) Counts {
 	var c Counts
 	for _, pod := range pods {
-		if pod.Namespace != ns || pod.Controller.UID != uid || pod.ParentUID != uid {
+		if !inParent(pod, ns, uid) {
 			continue
 		}
 		switch Class(pod.Intent, pod.Terminal(), pod.DeletionTimestamp != nil) {
@@ -48,6 +53,22 @@ func Tally(ns string, uid types.UID, pods []*Pod) Counts {
 		}
 	}
 	return c
+}
+
+// Members returns the pods of the parent with UID uid in namespace ns: S(P),
+// as Tally counts it.
+func Members(ns string, uid types.UID, pods []*Pod) []*Pod {
+	out := make([]*Pod, 0, len(pods))
+	for _, p := range pods {
+		if inParent(p, ns, uid) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func inParent(pod *Pod, ns string, uid types.UID) bool {
+	return pod.Namespace == ns && pod.Controller.UID == uid && pod.ParentUID == uid
 }
 
 // Class is the count a pod falls in (SPEC "Counts"): by whether it carries

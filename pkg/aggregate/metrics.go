@@ -51,6 +51,14 @@ var (
 		Name: "tally_aggregator_backfill_sweeps_total",
 		Help: "Backfill sweeps, by result (complete, failed).",
 	}, []string{"result"})
+	trackingFinalizers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_tracking_finalizers_total",
+		Help: "Changes to pods' tally.dev/tracking finalizer, by parent kind and action (added: a pod the webhook did not give it; released: a finished pod, once recorded; orphaned: a pod whose parent is gone or whose kind keeps no totals).",
+	}, []string{"kind", "action"})
+	ledgerLiveLists = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_ledger_live_lists_total",
+		Help: "Reads of a parent's pods from the API server, made when the cache alone cannot tell whether a finished pod still carries the tracking finalizer, by parent kind.",
+	}, []string{"kind"})
 	backfillDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "tally_aggregator_backfill_duration_seconds",
 		Help:    "Time one backfill sweep took.",
@@ -64,7 +72,7 @@ var changes = newPending()
 
 func init() {
 	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, appliesFenced, kindProblems,
-		podsStamped, unstampedPods, backfillSweeps, backfillDuration,
+		podsStamped, unstampedPods, backfillSweeps, backfillDuration, trackingFinalizers, ledgerLiveLists,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",
 			Help: "Age of the oldest change to a parent or its pods that no reconcile has picked up yet; 0 when there is none.",

@@ -3,6 +3,7 @@ package aggregate
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,6 +38,8 @@ type Pod struct {
 	Intent bool
 	// Phase is the pod's status.phase.
 	Phase corev1.PodPhase
+	// Tracking reports that the pod carries keys.TrackingFinalizer.
+	Tracking bool
 	// Misstamped reports that the pod's tally metadata is not what the
 	// webhook's rules give it (set by a client the webhook did not see);
 	// the backfill sweep corrects it.
@@ -109,7 +112,7 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 		Phase:     pod.Status.Phase,
 	}
 	_, out.Intent = pod.Annotations[keys.CompletionIntent]
-	out.Misstamped = r.misstamped(pod)
+	out.Tracking = slices.Contains(pod.Finalizers, keys.TrackingFinalizer)
 	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
 		out.Controller = Controller{Name: ref.Name, UID: ref.UID}
 		if out.Controller.UID == out.ParentUID {
@@ -120,12 +123,18 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 			out.Controller.Kind = r.kinds[schema.GroupKind{Group: gv.Group, Kind: ref.Kind}]
 		}
 	}
+	out.Misstamped = r.misstamped(pod, out)
 	return out
 }
 
 // misstamped applies the webhook's rules to the pod as if it were updated
 // unchanged: any patch means its tally metadata is not what it should be.
-func (r *Reducer) misstamped(pod *corev1.Pod) bool {
+// A pod carrying the tracking finalizer while its controller's kind keeps
+// no totals (any more) is misstamped too: the backfill removes it.
+func (r *Reducer) misstamped(pod *corev1.Pod, reduced *Pod) bool {
+	if reduced.Tracking && !r.rules.KeepsTotals(reduced.Controller.Kind) {
+		return true
+	}
 	meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
 	d := r.rules.Decide(context.Background(), mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta})
 	return len(d.Patch) > 0
@@ -159,7 +168,7 @@ func indexMisstamped(obj any) ([]string, error) {
 }
 
 // Indexers are the indexes the pod informer needs.
-var Indexers = toolscache.Indexers{ParentIndex: IndexByParent, MisstampedIndex: indexMisstamped}
+var Indexers = toolscache.Indexers{ParentIndex: IndexByParent, MisstampedIndex: indexMisstamped, OwnerIndex: indexTrackingOwner}
 
 // PodsOf returns the cached pods filed under the parent's UID. The pods are
 // shared with the cache and must not be modified.

@@ -32,6 +32,9 @@ type Reconciler struct {
 	gvk    schema.GroupVersionKind
 	kind   string
 	fields []config.Field
+	// ledger is the ledger's path; nil when the kind keeps no totals.
+	ledger   []string
+	releases *releases
 	Deps
 	// The kind's counters, resolved once.
 	reconciled, applied, skipped, failed, conflicts, fenced prometheus.Counter
@@ -61,7 +64,8 @@ var _ reconcile.Reconciler = (*Reconciler)(nil)
 func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	kind := parent.GroupKind().String()
 	return &Reconciler{
-		gvk: parent.GroupVersionKind(), kind: kind, fields: parent.Fields(), Deps: deps,
+		gvk: parent.GroupVersionKind(), kind: kind, fields: parent.Fields(), ledger: parent.LedgerPath(),
+		releases: newReleases(), Deps: deps,
 		reconciled: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
 		conflicts: applyConflicts.WithLabelValues(kind), fenced: appliesFenced.WithLabelValues(kind),
@@ -69,7 +73,11 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 }
 
 // Reconcile recomputes one parent's counts from the cached pods and applies
-// the mapped fields whose values differ from what the parent shows.
+// the mapped fields whose values differ from what the parent shows. For a
+// kind with totals it also takes a step of the ledger protocol (Advance):
+// the ledger and totals go in the same apply, then the finalizers of the
+// recorded pods are removed. Pods carrying the finalizer whose parent is
+// gone, or whose kind keeps no totals, lose it.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if r.Backfilled(ctx) != nil {
 		// Shutting down before the start-up backfill completed.
@@ -81,24 +89,120 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	parent := &unstructured.Unstructured{}
 	parent.SetGroupVersionKind(r.gvk)
 	if err := r.Parents.Get(ctx, req.NamespacedName, parent); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{}, r.releaseOrphans(ctx, req.NamespacedName, "")
 	}
-	pods, err := PodsOf(r.Pods, parent.GetUID())
+	if err := r.releaseOrphans(ctx, req.NamespacedName, parent.GetUID()); err != nil {
+		return reconcile.Result{}, err
+	}
+	all, err := PodsOf(r.Pods, parent.GetUID())
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	pods := Members(parent.GetNamespace(), parent.GetUID(), all)
 	counts := Tally(parent.GetNamespace(), parent.GetUID(), pods)
-	if !r.differs(parent, counts) {
-		r.skipped.Inc()
-		return reconcile.Result{}, nil
+	if r.ledger == nil {
+		return r.applyCounts(ctx, parent, counts, nil, r.untracked(pods))
 	}
-	if r.MayWrite != nil && !r.MayWrite() {
-		// A deposed leader that has not noticed yet: the new leader
-		// writes.
-		r.fenced.Inc()
+
+	book, err := ReadBook(parent.Object, r.ledger, r.fields)
+	if err != nil {
+		r.reportLedger(parent, err)
+		return reconcile.Result{}, fmt.Errorf("reading the ledger of %s %s: %w", r.kind, req.NamespacedName, err)
+	}
+	released := r.releases.of(parent.GetUID())
+	has := func(uid types.UID) bool { return released[uid] }
+	step := Advance(pods, book, has, nil)
+	if step.NeedLive {
+		live, err := r.livePods(ctx, parent.GetNamespace(), parent.GetUID())
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		step = Advance(pods, book, has, live)
+	}
+	counts.CompletedTotal, counts.UnexpectedTotal = step.Book.CompletedTotal, step.Book.UnexpectedTotal
+	var next *Book
+	if !step.Book.Equal(&book) {
+		next = &step.Book
+	}
+	result, err := r.applyCounts(ctx, parent, counts, next, nil)
+	if err != nil || result.RequeueAfter > 0 {
+		// The ledger holding the pods to release is not written.
+		return result, err
+	}
+	r.releases.settle(parent.GetUID(), pods, &step.Book)
+	if !r.mayWrite() {
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
-	return r.apply(ctx, parent, counts)
+	if err := r.trackAll(ctx, step.Track); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.releaseAll(ctx, parent.GetUID(), step.Release, "released"); err != nil {
+		return reconcile.Result{}, err
+	}
+	if len(step.Release) > 0 {
+		// Fold them: the cache may never show a change (a finalizer that
+		// was gone already).
+		return reconcile.Result{RequeueAfter: foldRequeue}, nil
+	}
+	return reconcile.Result{}, nil
+}
+
+// foldRequeue is when a parent whose pods were just released is reconciled
+// again to fold them; their watch events usually bring it back sooner.
+const foldRequeue = 200 * time.Millisecond
+
+// untracked returns the pods that carry the tracking finalizer although
+// the kind keeps no totals.
+func (r *Reconciler) untracked(pods []*Pod) []*Pod {
+	var out []*Pod
+	for _, p := range pods {
+		if p.Tracking {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// releaseOrphans removes the tracking finalizer from the pods of a parent of
+// this kind named name that is gone (current is the UID of the parent that
+// exists under that name, "" when none).
+func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedName, current types.UID) error {
+	orphans, err := r.orphans(ctx, name, current)
+	if err != nil || len(orphans) == 0 {
+		return err
+	}
+	if !r.mayWrite() {
+		return nil
+	}
+	return r.releaseAll(ctx, "", orphans, "orphaned")
+}
+
+func (r *Reconciler) mayWrite() bool { return r.MayWrite == nil || r.MayWrite() }
+
+// applyCounts writes the counts (and next, the ledger and totals, when not
+// nil) when they differ from what the parent shows, then removes the
+// finalizer of the pods in orphaned.
+func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, next *Book, orphaned []*Pod) (reconcile.Result, error) {
+	if next == nil && !r.differs(parent, counts) {
+		r.skipped.Inc()
+	} else {
+		if !r.mayWrite() {
+			// A deposed leader that has not noticed yet: the new leader
+			// writes.
+			r.fenced.Inc()
+			return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+		}
+		if result, err := r.apply(ctx, parent, counts, next); err != nil || result.RequeueAfter > 0 {
+			return result, err
+		}
+	}
+	if len(orphaned) > 0 && r.mayWrite() {
+		return reconcile.Result{}, r.releaseAll(ctx, "", orphaned, "orphaned")
+	}
+	return reconcile.Result{}, nil
 }
 
 // differs reports whether any mapped field of parent does not hold its
@@ -138,7 +242,7 @@ const conflictRequeue = time.Second
 // a writer whose cache is behind (a deposed leader) gets a conflict instead
 // of overwriting newer counts. (A UID in an apply is not a precondition: the
 // API server ignores it.)
-func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, counts Counts) (reconcile.Result, error) {
+func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, counts Counts, next *Book) (reconcile.Result, error) {
 	key := client.ObjectKeyFromObject(parent)
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": r.gvk.GroupVersion().String(),
@@ -152,6 +256,20 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
 		}
 	}
+	if r.ledger != nil {
+		if next == nil {
+			// Unchanged, but applied again: an apply that leaves out a
+			// field this manager owns removes it.
+			book, err := ReadBook(parent.Object, r.ledger, r.fields)
+			if err != nil {
+				return reconcile.Result{}, fmt.Errorf("reading the ledger of %s %s: %w", r.kind, key, err)
+			}
+			next = &book
+		}
+		if err := unstructured.SetNestedField(obj.Object, next.LedgerValue(), r.ledger...); err != nil {
+			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
+		}
+	}
 	err := r.Writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership)
 	switch {
 	case err == nil:
@@ -161,7 +279,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		kindProblems.DeleteLabelValues(r.kind, "field-not-in-schema")
 		kindProblems.DeleteLabelValues(r.kind, "status-not-found")
 		if log := log.FromContext(ctx).V(1); log.Enabled() {
-			log.Info("Applied counts", "counts", counts)
+			log.Info("Applied counts", "counts", counts, "ledger", next != nil)
 		}
 		return reconcile.Result{}, nil
 	case apierrors.IsConflict(err):
@@ -208,12 +326,24 @@ func (r *Reconciler) notFound(ctx context.Context, parent *unstructured.Unstruct
 func (r *Reconciler) reportSchema(ctx context.Context, parent *unstructured.Unstructured, err error) {
 	r.failed.Inc()
 	kindProblems.WithLabelValues(r.kind, "field-not-in-schema").Set(1)
-	paths := make([]string, 0, len(r.fields))
+	paths := make([]string, 0, len(r.fields)+1)
 	for _, f := range r.fields {
 		paths = append(paths, strings.Join(f.Path, "."))
 	}
+	if r.ledger != nil {
+		paths = append(paths, strings.Join(r.ledger, ".")+" (an object with the lists completed and unexpected)")
+	}
 	r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "StatusFieldNotInSchema", "ApplyCounts",
 		"tally cannot write the counts: the schema of %s must declare %s (%v)", r.kind, strings.Join(paths, ", "), err)
+}
+
+// reportLedger reports a ledger or total that tally cannot read (edited by
+// hand, or declared with another type): nothing is written until it is
+// fixed, so that no total is lost or counted twice.
+func (r *Reconciler) reportLedger(parent *unstructured.Unstructured, err error) {
+	r.failed.Inc()
+	r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "LedgerUnreadable", "ApplyTotals",
+		"tally cannot update the totals: %v", err)
 }
 
 // parentOf maps a pod to the parent of this reconciler's kind that controls

@@ -123,7 +123,8 @@ func TestSweepVerifiesOwners(t *testing.T) {
 
 // TestPolicyFencesTheAggregator: the webhook is not called for the
 // aggregator's requests; the chart's policy lets it change nothing but
-// tally's identity keys, and only to the pod's controller.
+// tally's identity keys, only to the pod's controller, and the tracking
+// finalizer.
 func TestPolicyFencesTheAggregator(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t)
@@ -141,7 +142,10 @@ func TestPolicyFencesTheAggregator(t *testing.T) {
 		{"another label", `{"metadata":{"labels":{"app":"x"}}}`, "may change only tally.dev/ labels and annotations"},
 		{"a foreign parent", `{"metadata":{"labels":{"tally.dev/parent-uid":"not-the-controller"}}}`, "only to the pod's controller ownerReference"},
 		{"the intent", `{"metadata":{"annotations":{"tally.dev/completion-intent":null}}}`, "may not set or change a completion intent"},
-		{"the spec", `{"spec":{"activeDeadlineSeconds":5}}`, "may not change a pod's owners, finalizers or spec"},
+		{"the spec", `{"spec":{"activeDeadlineSeconds":5}}`, "may not change a pod's owners, spec, or finalizers other than tally.dev/tracking"},
+		{"another finalizer", `{"metadata":{"finalizers":["example.com/keep"]}}`, "finalizers other than tally.dev/tracking"},
+		{"the tracking finalizer, added", `{"metadata":{"finalizers":["tally.dev/tracking"]}}`, ""},
+		{"the tracking finalizer, removed", `{"metadata":{"finalizers":null}}`, ""},
 		{"a requester it did not see", `{"metadata":{"annotations":{"tally.dev/completion-intent-by":"alice"}}}`, "may not set or change a completion intent"},
 		{"its identity", fmt.Sprintf(`{"metadata":{"labels":{"tally.dev/parent-uid":%q,"tally.dev/parent-name":"pool"},"annotations":{"tally.dev/parent":"WorkerPool.example.tally.dev/pool"}}}`, uid), ""},
 	}

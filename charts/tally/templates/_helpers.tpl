@@ -46,6 +46,9 @@ parents:
       {{ $count }}: {{ $path }}
       {{- end }}
     {{- end }}
+    {{- with .ledger }}
+    ledger: {{ . }}
+    {{- end }}
 {{- end }}
 verifyOwner: {{ .Values.verifyOwner }}
 {{- end -}}

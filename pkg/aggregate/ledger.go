@@ -1,0 +1,253 @@
+package aggregate
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"tally.dev/tally/pkg/config"
+)
+
+// MaxLedger bounds how many pods a parent's ledger holds at once, as the
+// Job controller bounds status.uncountedTerminatedPods: finished pods
+// beyond it keep their finalizer until a fold makes room.
+const MaxLedger = 500
+
+// Book is what a parent's status says of its finished pods: the pods
+// recorded as finished but not yet added to the totals (the ledger), and
+// the totals.
+type Book struct {
+	// Completed and Unexpected are the ledger: the UIDs of recorded pods
+	// that finished with and without an intent.
+	Completed, Unexpected []types.UID
+	// CompletedTotal and UnexpectedTotal are the totals.
+	CompletedTotal, UnexpectedTotal int64
+}
+
+// Has reports whether uid is in the ledger.
+func (b *Book) Has(uid types.UID) bool {
+	return slices.Contains(b.Completed, uid) || slices.Contains(b.Unexpected, uid)
+}
+
+func (b *Book) size() int { return len(b.Completed) + len(b.Unexpected) }
+
+// Equal reports whether two books hold the same ledger and totals.
+func (b *Book) Equal(o *Book) bool {
+	return b.CompletedTotal == o.CompletedTotal && b.UnexpectedTotal == o.UnexpectedTotal &&
+		slices.Equal(b.Completed, o.Completed) && slices.Equal(b.Unexpected, o.Unexpected)
+}
+
+// LivePod is what the API server, read just now, says of one pod.
+type LivePod struct {
+	// Tracking reports that the pod carries keys.TrackingFinalizer.
+	Tracking bool
+	// Intent reports that the pod carries keys.CompletionIntent.
+	Intent bool
+}
+
+// Step is what one reconcile does about a parent's finished pods.
+type Step struct {
+	// NeedLive reports that the step cannot be decided from the cache: the
+	// pods must be read from the API server and the step taken again with
+	// them. Nothing else in the Step is set then.
+	NeedLive bool
+	// Book is the ledger and totals the parent must show next.
+	Book Book
+	// Release are the pods whose finalizer goes once Book is written: they
+	// are recorded in it.
+	Release []*Pod
+	// Track are the pods that must carry the finalizer and do not.
+	Track []*Pod
+}
+
+// Finished reports whether a pod will never run again: it is terminal, or it
+// is being deleted. This is the Job controller's rule (pkg/controller/job:
+// a pod counts as failed when it is in the Failed phase, or is marked for
+// deletion and not Succeeded; its tracking finalizer is removed then): the
+// kubelet never starts the containers of a pod being deleted again.
+func (p *Pod) Finished() bool {
+	return p.Terminal() || p.DeletionTimestamp != nil
+}
+
+// Advance takes one step of the ledger protocol for the parent's pods in S(P)
+// (pods), from what its status shows (book).
+//
+// The protocol (docs/how-it-works.md): a finished pod carrying the
+// finalizer is first recorded in the ledger (a status write); its finalizer
+// is removed only once the ledger holding it is written; a ledger UID whose
+// pod no longer carries the finalizer is folded into its total and leaves the
+// ledger in one status write. A pod is recorded only if it is not in the
+// ledger and the API server shows it with the finalizer; a UID is folded
+// only once its finalizer is known to be gone. So a pod is added to a total
+// once: while it carries the finalizer it is not folded, and once the
+// finalizer is gone it is never recorded again.
+//
+// released reports the pods whose finalizer this process removed (a patch
+// the API server accepted): for them the cache's view is not needed. live,
+// when not nil, holds every pod the API server shows for the parent right
+// now; without it, any decision the cache alone cannot make safely (a pod
+// the cache may show stale) asks for it through NeedLive.
+func Advance(pods []*Pod, book Book, released func(types.UID) bool, live map[types.UID]LivePod) Step {
+	cached := make(map[types.UID]*Pod, len(pods))
+	for _, p := range pods {
+		cached[p.UID] = p
+	}
+	// tracking reports whether the pod still carries the finalizer, and
+	// whether that is known for sure.
+	tracking := func(uid types.UID) (carries, known bool) {
+		if released(uid) {
+			return false, true
+		}
+		if live != nil {
+			return live[uid].Tracking, true
+		}
+		if p, ok := cached[uid]; ok && p.Tracking {
+			// Perhaps stale: removing a finalizer already gone is harmless.
+			return true, true
+		}
+		return false, false
+	}
+
+	step := Step{Book: Book{CompletedTotal: book.CompletedTotal, UnexpectedTotal: book.UnexpectedTotal}}
+	var release []types.UID
+	keep := func(uids []types.UID, total *int64) []types.UID {
+		var out []types.UID
+		for _, uid := range uids {
+			carries, known := tracking(uid)
+			switch {
+			case !known:
+				step.NeedLive = true
+			case carries:
+				out = append(out, uid)
+				release = append(release, uid)
+			default:
+				*total++
+			}
+		}
+		return out
+	}
+	step.Book.Completed = keep(book.Completed, &step.Book.CompletedTotal)
+	step.Book.Unexpected = keep(book.Unexpected, &step.Book.UnexpectedTotal)
+
+	for _, p := range pods {
+		switch {
+		case !p.Finished():
+			if !p.Tracking {
+				step.Track = append(step.Track, p)
+			}
+			continue
+		case !p.Tracking || book.Has(p.UID) || released(p.UID):
+			continue
+		case live == nil:
+			step.NeedLive = true
+			continue
+		}
+		lp, shown := live[p.UID]
+		if !shown || !lp.Tracking || step.Book.size() >= MaxLedger {
+			continue
+		}
+		if lp.Intent || p.Intent {
+			step.Book.Completed = append(step.Book.Completed, p.UID)
+		} else {
+			step.Book.Unexpected = append(step.Book.Unexpected, p.UID)
+		}
+		release = append(release, p.UID)
+	}
+	if step.NeedLive {
+		return Step{NeedLive: true}
+	}
+	for _, uid := range release {
+		if p, ok := cached[uid]; ok {
+			step.Release = append(step.Release, p)
+		}
+	}
+	return step
+}
+
+// ReadBook reads the ledger at ledger and the totals at the paths mapped
+// in fields from a parent's object. Absent fields are empty.
+func ReadBook(obj map[string]any, ledger []string, fields []config.Field) (Book, error) {
+	var b Book
+	for _, f := range fields {
+		var total *int64
+		switch f.Count {
+		case config.CompletedTotal:
+			total = &b.CompletedTotal
+		case config.UnexpectedTotal:
+			total = &b.UnexpectedTotal
+		default:
+			continue
+		}
+		v, found, err := nestedField(obj, f.Path)
+		if err != nil || !found {
+			continue
+		}
+		n, ok := toInt64(v)
+		if !ok || n < 0 {
+			return Book{}, fmt.Errorf("%s holds %v, not a total", joinPath(f.Path), v)
+		}
+		*total = n
+	}
+	v, found, err := nestedField(obj, ledger)
+	if err != nil || !found || v == nil {
+		return b, nil
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return Book{}, fmt.Errorf("the ledger %s is a %T, not an object", joinPath(ledger), v)
+	}
+	for key, dst := range map[string]*[]types.UID{"completed": &b.Completed, "unexpected": &b.Unexpected} {
+		list, _ := m[key].([]any)
+		if m[key] != nil && list == nil {
+			return Book{}, fmt.Errorf("the ledger %s.%s is a %T, not a list of pod UIDs", joinPath(ledger), key, m[key])
+		}
+		for _, e := range list {
+			s, ok := e.(string)
+			if !ok || s == "" {
+				return Book{}, fmt.Errorf("the ledger %s.%s holds %v, not a pod UID", joinPath(ledger), key, e)
+			}
+			*dst = append(*dst, types.UID(s))
+		}
+	}
+	return b, nil
+}
+
+// LedgerValue returns the ledger as it is written to the parent's status.
+func (b *Book) LedgerValue() map[string]any {
+	list := func(uids []types.UID) []any {
+		out := make([]any, len(uids))
+		for i, u := range uids {
+			out[i] = string(u)
+		}
+		return out
+	}
+	return map[string]any{"completed": list(b.Completed), "unexpected": list(b.Unexpected)}
+}
+
+func nestedField(obj map[string]any, path []string) (any, bool, error) {
+	return unstructured.NestedFieldNoCopy(obj, path...)
+}
+
+func joinPath(path []string) string { return strings.Join(path, ".") }
+
+// toInt64 returns v as an integer, as decoded from JSON or set by the
+// aggregator.
+func toInt64(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int64:
+		return n, true
+	case int32:
+		return int64(n), true
+	case int:
+		return int64(n), true
+	case float64:
+		if n == math.Trunc(n) && math.Abs(n) < 1<<53 {
+			return int64(n), true
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,229 @@
+package aggregate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
+)
+
+// OwnerIndex names the pod informer's index of the pods carrying the
+// tracking finalizer, by "<namespace>/<controller name>": it finds the pods
+// of a parent that is gone, whose UID is no longer known.
+const OwnerIndex = "tally.dev/tracking-owner"
+
+func indexTrackingOwner(obj any) ([]string, error) {
+	if p, ok := obj.(*Pod); ok && p.Tracking && p.Controller.Name != "" {
+		return []string{p.Namespace + "/" + p.Controller.Name}, nil
+	}
+	return nil, nil
+}
+
+// Finalizer patches. Removal deletes the finalizer wherever it is in the
+// list, and is harmless when it is gone already (the Job controller removes
+// its own the same way). Addition carries the resourceVersion the decision
+// was made on as a precondition: a pod that finished since, and may have been
+// recorded and released already, is never given the finalizer again.
+var releasePatch = client.RawPatch(types.StrategicMergePatchType,
+	[]byte(`{"metadata":{"$deleteFromPrimitiveList/finalizers":["`+keys.TrackingFinalizer+`"]}}`))
+
+func trackPatch(resourceVersion string) client.Patch {
+	rv, _ := json.Marshal(resourceVersion) // a string always encodes
+	return client.RawPatch(types.StrategicMergePatchType,
+		[]byte(`{"metadata":{"finalizers":["`+keys.TrackingFinalizer+`"],"resourceVersion":`+string(rv)+`}}`))
+}
+
+// patchConcurrency bounds the pod patches one reconcile sends at once.
+const patchConcurrency = 8
+
+// releaseAll removes the tracking finalizer from pods, counting each under
+// action. Pods already gone count as released.
+func (r *Reconciler) releaseAll(ctx context.Context, parent types.UID, pods []*Pod, action string) error {
+	counter := trackingFinalizers.WithLabelValues(r.kind, action)
+	return forEach(ctx, pods, func(ctx context.Context, p *Pod) error {
+		err := r.Writer.Patch(ctx, podMeta(p.Namespace, p.Name), releasePatch, client.FieldOwner(FieldManager))
+		switch {
+		case err == nil, apierrors.IsNotFound(err):
+			counter.Inc()
+			if parent != "" {
+				r.releases.add(parent, p.UID)
+			}
+			return nil
+		}
+		return fmt.Errorf("removing the finalizer %s of pod %s/%s: %w", keys.TrackingFinalizer, p.Namespace, p.Name, err)
+	})
+}
+
+// trackAll adds the tracking finalizer to pods that have not finished, as
+// the cache shows them. A pod that changed since is left to the next
+// reconcile.
+func (r *Reconciler) trackAll(ctx context.Context, pods []*Pod) error {
+	counter := trackingFinalizers.WithLabelValues(r.kind, "added")
+	return forEach(ctx, pods, func(ctx context.Context, p *Pod) error {
+		err := r.Writer.Patch(ctx, podMeta(p.Namespace, p.Name), trackPatch(p.ResourceVersion), client.FieldOwner(FieldManager))
+		switch {
+		case err == nil:
+			counter.Inc()
+			return nil
+		case apierrors.IsNotFound(err), apierrors.IsConflict(err), apierrors.IsInvalid(err), apierrors.IsForbidden(err):
+			// Gone, changed, or being deleted (no finalizer can be added
+			// then): its own event brings it back if it needs anything.
+			return nil
+		}
+		return fmt.Errorf("adding the finalizer %s to pod %s/%s: %w", keys.TrackingFinalizer, p.Namespace, p.Name, err)
+	})
+}
+
+func forEach(ctx context.Context, pods []*Pod, f func(context.Context, *Pod) error) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(patchConcurrency)
+	for _, p := range pods {
+		g.Go(func() error { return f(ctx, p) })
+	}
+	return g.Wait()
+}
+
+// livePods reads the parent's pods from the API server (metadata only): the
+// authoritative view of which still carry the finalizer.
+func (r *Reconciler) livePods(ctx context.Context, ns string, uid types.UID) (map[types.UID]LivePod, error) {
+	ledgerLiveLists.WithLabelValues(r.kind).Inc()
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(podListGVK)
+	if err := r.Live.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{keys.ParentUID: string(uid)}); err != nil {
+		return nil, fmt.Errorf("reading the pods of %s from the API server: %w", uid, err)
+	}
+	live := make(map[types.UID]LivePod, len(list.Items))
+	for i := range list.Items {
+		p := &list.Items[i]
+		if ref := metav1.GetControllerOfNoCopy(p); ref == nil || ref.UID != uid {
+			continue
+		}
+		_, intent := p.Annotations[keys.CompletionIntent]
+		live[p.UID] = LivePod{Tracking: slices.Contains(p.Finalizers, keys.TrackingFinalizer), Intent: intent}
+	}
+	return live, nil
+}
+
+// orphans returns the cached pods carrying the finalizer whose controller
+// is a parent of this kind named name that does not exist with their
+// controller's UID (current is the UID the cache shows, "" when none). It
+// confirms with the API server before it answers: a parent the cache does
+// not show yet must not lose its pods' finalizers.
+func (r *Reconciler) orphans(ctx context.Context, name types.NamespacedName, current types.UID) ([]*Pod, error) {
+	objs, err := r.Pods.ByIndex(OwnerIndex, name.Namespace+"/"+name.Name)
+	if err != nil {
+		return nil, fmt.Errorf("listing the tracked pods of %s: %w", name, err)
+	}
+	var candidates []*Pod
+	for _, obj := range objs {
+		if p, ok := obj.(*Pod); ok && p.Tracking && p.Controller.Kind == r.gvk.GroupKind() && p.Controller.UID != current {
+			candidates = append(candidates, p)
+		}
+	}
+	if len(candidates) == 0 {
+		return nil, nil
+	}
+	live := mutate.PartialMetadata(r.gvk)
+	switch err := r.Live.Get(ctx, name, live); {
+	case apierrors.IsNotFound(err):
+		return candidates, nil
+	case err != nil:
+		return nil, fmt.Errorf("confirming that %s %s is gone: %w", r.kind, name, err)
+	}
+	out := candidates[:0]
+	for _, p := range candidates {
+		if p.Controller.UID != live.GetUID() {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// releaseExpiry is how long this process remembers a finalizer it removed
+// when the pod is neither in a ledger nor seen since: the memory only spares
+// reads from the API server, so forgetting early costs one read.
+const releaseExpiry = 10 * time.Minute
+
+// releases remembers, per parent, the pods whose finalizer this process
+// removed (the API server accepted the patch), until the cache shows it.
+// Such a pod can be folded without reading it from the API server, and is
+// not recorded again while the cache still shows its finalizer.
+type releases struct {
+	mu        sync.Mutex
+	byParent  map[types.UID]map[types.UID]time.Time
+	lastPrune time.Time
+}
+
+func newReleases() *releases {
+	return &releases{byParent: map[types.UID]map[types.UID]time.Time{}}
+}
+
+func (r *releases) add(parent, pod types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.byParent[parent]
+	if m == nil {
+		m = map[types.UID]time.Time{}
+		r.byParent[parent] = m
+	}
+	m[pod] = time.Now()
+}
+
+// of returns the parent's released pods, as a set.
+func (r *releases) of(parent types.UID) map[types.UID]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[types.UID]bool, len(r.byParent[parent]))
+	for uid := range r.byParent[parent] {
+		out[uid] = true
+	}
+	return out
+}
+
+// settle forgets the parent's released pods that the ledger no longer holds
+// and that the cache shows without the finalizer (or not at all), and, at
+// most once a minute, every entry older than releaseExpiry.
+func (r *releases) settle(parent types.UID, pods []*Pod, book *Book) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m := r.byParent[parent]; m != nil {
+		cached := make(map[types.UID]*Pod, len(pods))
+		for _, p := range pods {
+			cached[p.UID] = p
+		}
+		for uid := range m {
+			if p, ok := cached[uid]; !book.Has(uid) && (!ok || !p.Tracking) {
+				delete(m, uid)
+			}
+		}
+		if len(m) == 0 {
+			delete(r.byParent, parent)
+		}
+	}
+	now := time.Now()
+	if now.Sub(r.lastPrune) < time.Minute {
+		return
+	}
+	r.lastPrune = now
+	for p, m := range r.byParent {
+		for uid, at := range m {
+			if now.Sub(at) > releaseExpiry {
+				delete(m, uid)
+			}
+		}
+		if len(m) == 0 {
+			delete(r.byParent, p)
+		}
+	}
+}
