@@ -1,0 +1,295 @@
+// Package totals runs the cumulative totals (completedTotal,
+// unexpectedTotal) end to end against a real kube-apiserver: the webhook
+// and the aggregator as separate processes, as the chart deploys them, the
+// aggregator as the service account the chart's policy fences, killed
+// with SIGKILL at random points while pods finish in bursts.
+package totals
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"tally.dev/tally/certs/devcert"
+	"tally.dev/tally/internal/process"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+var (
+	env *framework.Env
+	// bin holds the built binaries; dir the configs, kubeconfigs and the
+	// webhook's certificate.
+	bin, dir string
+	ca       *devcert.CA
+)
+
+// The configurations: the example's (every count and both totals), and the
+// same kind without totals.
+var (
+	withTotals    = framework.Path("examples", "workerpool", "config.yaml")
+	withoutTotals string
+	kindRemoved   string
+)
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	var err error
+	if dir, err = os.MkdirTemp("", "tally-totals-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	withoutTotals = filepath.Join(dir, "without-totals.yaml")
+	kindRemoved = filepath.Join(dir, "kind-removed.yaml")
+	bin = filepath.Join(dir, "bin")
+	code := framework.Main(m, framework.Options{}, &env, func(e *framework.Env) error {
+		if err := framework.BuildBinaries(bin, "webhook", "aggregator"); err != nil {
+			return err
+		}
+		files := map[string]string{
+			withoutTotals: "parents:\n  - {group: example.tally.dev, version: v1, kind: WorkerPool, counts: {completing: status.completing, active: status.active}}\n",
+			kindRemoved:   "parents:\n  - {group: \"\", version: v1, kind: ReplicationController}\n",
+		}
+		for path, data := range files {
+			if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+				return err
+			}
+		}
+		if ca, err = devcert.NewCA("tally totals CA", time.Hour); err != nil {
+			return err
+		}
+		pair, err := ca.Issue([]string{"127.0.0.1"}, time.Hour)
+		if err != nil {
+			return err
+		}
+		if err := pair.WriteDir(dir); err != nil {
+			return err
+		}
+		user, err := e.AggregatorIdentity()
+		if err != nil {
+			return err
+		}
+		if err := writeKubeconfig(user, "aggregator.kubeconfig"); err != nil {
+			return err
+		}
+		admin, err := e.AddUser(envtest.User{Name: "totals-admin", Groups: []string{"system:masters"}}, nil)
+		if err != nil {
+			return err
+		}
+		if err := writeKubeconfig(admin, "admin.kubeconfig"); err != nil {
+			return err
+		}
+		return e.InstallPolicies(context.Background())
+	})
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func writeKubeconfig(user *envtest.AuthenticatedUser, name string) error {
+	data, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, name), data, 0o600)
+}
+
+const selectorLabel = "tally.dev/test-namespace"
+
+// namespace creates a namespace that only this test's webhook registration
+// selects.
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns, err := env.Namespace(context.Background(), "totals")
+	require.NoError(t, err)
+	obj := &corev1.Namespace{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Name: ns}, obj))
+	obj.Labels[selectorLabel] = ns
+	require.NoError(t, env.Client.Update(context.Background(), obj))
+	return ns
+}
+
+// startWebhook runs the webhook with cfg and registers it, as the chart
+// does, for namespace ns only.
+func startWebhook(t *testing.T, ns, cfg string) {
+	t.Helper()
+	port, err := framework.FreePort()
+	require.NoError(t, err)
+	framework.StartProcess(t, bin, "webhook", "--config", cfg, "--kubeconfig", filepath.Join(dir, "admin.kubeconfig"),
+		"--cert-dir", dir, "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
+	parsed, err := config.Load(cfg)
+	require.NoError(t, err)
+	tracksPools := slices.ContainsFunc(parsed.Parents, func(p config.Parent) bool { return p.GroupKind() == builder.WorkerPoolGVK.GroupKind() })
+	wh := mutate.Webhook(parsed.Parents, admissionregistrationv1.WebhookClientConfig{
+		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
+	}, framework.AggregatorUser)
+	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{selectorLabel: ns}}
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "tally-" + ns},
+		Webhooks:   []admissionregistrationv1.MutatingWebhook{wh},
+	}
+	require.NoError(t, env.Client.Create(context.Background(), mwc))
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), mwc) })
+	// The API server picks registrations up asynchronously.
+	require.Eventually(t, func() bool {
+		probe := builder.Pod(ns, "probe").ControlledBy(builder.WorkerPoolGVK, "none", "00000000-0000-4000-8000-000000000000").Build()
+		if err := env.Client.Create(context.Background(), probe, client.DryRunAll); err != nil {
+			return false
+		}
+		return probe.Labels[keys.ParentUID] != "" || !tracksPools
+	}, 30*time.Second, 100*time.Millisecond, "the webhook registration never took effect")
+}
+
+// aggregator is one aggregator process, which the test can kill and start
+// again.
+type aggregator struct {
+	t    *testing.T
+	name string
+	args []string
+	p    *process.Process
+}
+
+// startAggregator runs the aggregator with cfg as the chart's service
+// account, with leader election in leaseNS when it is not empty.
+func startAggregator(t *testing.T, name, cfg, leaseNS string) *aggregator {
+	t.Helper()
+	args := []string{"--config", cfg, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
+		"--metrics-bind-address", "0", "--backfill-interval", "1h"}
+	if leaseNS != "" {
+		args = append(args, "--leader-elect", "--leader-election-namespace", leaseNS, "--leader-election-id", "tally-aggregator")
+	}
+	a := &aggregator{t: t, name: name, args: args}
+	a.start()
+	return a
+}
+
+func (a *aggregator) start() {
+	a.t.Helper()
+	a.p, _ = framework.StartProcess(a.t, bin, "aggregator", a.args...)
+}
+
+// kill ends the process with SIGKILL: no cleanup, no lease released.
+func (a *aggregator) kill() {
+	a.t.Helper()
+	require.NoError(a.t, a.p.Signal(syscall.SIGKILL))
+	_ = a.p.Stop()
+}
+
+// leads reports whether the process has logged that it acquired the lease.
+func (a *aggregator) leads() bool {
+	log, err := os.ReadFile(a.p.LogPath())
+	return err == nil && strings.Contains(strings.ToLower(string(log)), "successfully acquired lease")
+}
+
+// createPool creates a WorkerPool and n pods it controls through the
+// webhook; it returns the pool's UID and the pods.
+func createPool(t *testing.T, ns, name string, n int) (types.UID, []*corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	pool := builder.WorkerPool(ns, name, int64(n))
+	require.NoError(t, env.Client.Create(ctx, pool))
+	pods := make([]*corev1.Pod, n)
+	for i := range pods {
+		pods[i] = builder.Pod(ns, fmt.Sprintf("%s-%03d", name, i)).ControlledBy(builder.WorkerPoolGVK, name, pool.GetUID()).Build()
+		require.NoError(t, env.Client.Create(ctx, pods[i]))
+		require.Contains(t, pods[i].Finalizers, keys.TrackingFinalizer, "the webhook adds the finalizer on CREATE")
+	}
+	return pool.GetUID(), pods
+}
+
+// totals reads a pool's totals and the length of its ledger.
+func totals(t *testing.T, ns, name string) (completed, unexpected int64, ledger int) {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(builder.WorkerPoolGVK)
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, u))
+	return totalsOf(u)
+}
+
+func totalsOf(u *unstructured.Unstructured) (completed, unexpected int64, ledger int) {
+	completed, _, _ = unstructured.NestedInt64(u.Object, "status", "completedTotal")
+	unexpected, _, _ = unstructured.NestedInt64(u.Object, "status", "unexpectedTotal")
+	for _, list := range []string{"completed", "unexpected"} {
+		l, _, _ := unstructured.NestedStringSlice(u.Object, "status", "tallyLedger", list)
+		ledger += len(l)
+	}
+	return completed, unexpected, ledger
+}
+
+// withFinalizer returns the pods of ns still carrying the tracking
+// finalizer.
+func withFinalizer(t *testing.T, ns string) []string {
+	t.Helper()
+	var pods corev1.PodList
+	require.NoError(t, env.Client.List(context.Background(), &pods, client.InNamespace(ns)))
+	var out []string
+	for _, p := range pods.Items {
+		for _, f := range p.Finalizers {
+			if f == keys.TrackingFinalizer {
+				out = append(out, p.Name)
+			}
+		}
+	}
+	return out
+}
+
+// watchTotals records every pair of totals each pool of ns shows, as
+// watched, so that a test can tell that no total ever went down or past
+// its final value.
+type watchTotals struct {
+	mu   sync.Mutex
+	seen map[string][][2]int64
+}
+
+func watchPools(t *testing.T, ns string) *watchTotals {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(env.Config)
+	require.NoError(t, err)
+	w, err := dyn.Resource(builder.WorkerPoolGVK.GroupVersion().WithResource("workerpools")).Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+	r := &watchTotals{seen: map[string][][2]int64{}}
+	go func() {
+		for ev := range w.ResultChan() {
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			if !ok || ev.Type == watch.Deleted {
+				continue
+			}
+			c, x, _ := totalsOf(u)
+			r.mu.Lock()
+			r.seen[u.GetName()] = append(r.seen[u.GetName()], [2]int64{c, x})
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+func (r *watchTotals) of(name string) [][2]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([][2]int64(nil), r.seen[name]...)
+}

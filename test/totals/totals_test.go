@@ -1,0 +1,304 @@
+package totals
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+)
+
+// ending is how a pod finishes.
+type ending int
+
+const (
+	succeeded       ending = iota // phase Succeeded
+	failed                        // phase Failed
+	deletedRunning                // deleted while Running
+	deletedPending                // deleted before it ever ran
+	endings
+)
+
+func (e ending) String() string {
+	return [...]string{"succeeded", "failed", "deleted while running", "deleted while pending"}[e]
+}
+
+// finish ends a pod as the kubelet and its operator would: the intent first
+// when it has one, then the ending.
+func finish(ctx context.Context, pod *corev1.Pod, e ending, intent bool) error {
+	c := env.Client
+	if intent {
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"scale-down"}}}`, keys.CompletionIntent)
+		if err := c.Patch(ctx, pod.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+			return fmt.Errorf("marking %s: %w", pod.Name, err)
+		}
+	}
+	phase := func(p corev1.PodPhase) error {
+		patch := fmt.Sprintf(`{"status":{"phase":%q}}`, p)
+		return c.Status().Patch(ctx, pod.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(patch)))
+	}
+	var err error
+	switch e {
+	case succeeded:
+		err = phase(corev1.PodSucceeded)
+	case failed:
+		err = phase(corev1.PodFailed)
+	case deletedRunning:
+		if err = phase(corev1.PodRunning); err == nil {
+			err = c.Delete(ctx, pod.DeepCopy())
+		}
+	case deletedPending:
+		err = c.Delete(ctx, pod.DeepCopy())
+	}
+	if err != nil {
+		return fmt.Errorf("ending %s (%s): %w", pod.Name, e, err)
+	}
+	return nil
+}
+
+// want is the totals a pool must end with.
+type want struct{ completed, unexpected int64 }
+
+// finishInBursts ends every pod, in bursts of 10 to 40 pods finished four
+// at a time with pauses of up to 0.8 s between bursts, each pod with an
+// ending and an intent spread evenly over the pods. It returns the totals
+// each pool must show, and sends its first error to errs.
+func finishInBursts(pods map[string][]*corev1.Pod, rng *rand.Rand, errs chan<- error) map[string]want {
+	type job struct {
+		pod    *corev1.Pod
+		ending ending
+		intent bool
+	}
+	var jobs []job
+	wants := map[string]want{}
+	for pool, list := range pods {
+		w := wants[pool]
+		for i, p := range list {
+			j := job{pod: p, ending: ending(i % int(endings)), intent: (i/int(endings))%2 == 0}
+			if j.intent {
+				w.completed++
+			} else {
+				w.unexpected++
+			}
+			jobs = append(jobs, j)
+		}
+		wants[pool] = w
+	}
+	rng.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
+
+	go func() {
+		defer close(errs)
+		ctx := context.Background()
+		for len(jobs) > 0 {
+			n := min(len(jobs), 10+rng.IntN(31))
+			burst := jobs[:n]
+			jobs = jobs[n:]
+			work := make(chan job)
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() {
+					for j := range work {
+						if err := finish(ctx, j.pod, j.ending, j.intent); err != nil {
+							errs <- err
+						}
+					}
+				})
+			}
+			for _, j := range burst {
+				work <- j
+			}
+			close(work)
+			wg.Wait()
+			time.Sleep(time.Duration(rng.IntN(800)) * time.Millisecond)
+		}
+	}()
+	return wants
+}
+
+// settles waits until every pool shows its totals with an empty ledger and
+// no pod of ns carries the finalizer, then checks that no total ever went
+// down or past its final value.
+func settles(t *testing.T, ns string, wants map[string]want, seen *watchTotals, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for pool, w := range wants {
+		for {
+			c, u, ledger := totals(t, ns, pool)
+			if c == w.completed && u == w.unexpected && ledger == 0 {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "%s: completedTotal %d (want %d), unexpectedTotal %d (want %d), ledger %d",
+				pool, c, w.completed, u, w.unexpected, ledger)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	require.Eventually(t, func() bool { return len(withFinalizer(t, ns)) == 0 }, time.Until(deadline)+time.Second, 100*time.Millisecond,
+		"pods still carrying %s: %v", keys.TrackingFinalizer, withFinalizer(t, ns))
+	for pool, w := range wants {
+		var last [2]int64
+		for _, s := range seen.of(pool) {
+			assert.True(t, s[0] >= last[0] && s[1] >= last[1], "%s: totals went down from %v to %v", pool, last, s)
+			assert.True(t, s[0] <= w.completed && s[1] <= w.unexpected, "%s: totals %v past the final %v", pool, s, w)
+			last = s
+		}
+	}
+}
+
+// scenario creates 3 pools of 100 pods through the webhook and finishes
+// them all in bursts while disrupt runs (until it returns and the bursts
+// are done); it returns the totals each pool must end with.
+func scenario(t *testing.T, ns string, seed uint64, disrupt func(done <-chan struct{})) map[string]want {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed))
+	t.Logf("seed %d", seed)
+	pods := map[string][]*corev1.Pod{}
+	for i := range 3 {
+		name := fmt.Sprintf("pool-%d", i)
+		_, pods[name] = createPool(t, ns, name, 100)
+	}
+	errs := make(chan error, 300)
+	wants := finishInBursts(pods, rng, errs)
+	done := make(chan struct{})
+	go func() {
+		for err := range errs {
+			t.Error(err)
+		}
+		close(done)
+	}()
+	disrupt(done)
+	<-done
+	return wants
+}
+
+// TestTotalsSurviveKills: 300 pods finish in bursts (Succeeded, Failed,
+// deleted while running, deleted while pending; with and without an
+// intent) while the aggregator is killed with SIGKILL at random points and
+// started again, at least 10 times: each total ends equal to the number of
+// pods that finished in its class, and no pod keeps the finalizer.
+func TestTotalsSurviveKills(t *testing.T) {
+	ns := namespace(t)
+	startWebhook(t, ns, withTotals)
+	seen := watchPools(t, ns)
+	a := startAggregator(t, "aggregator", withTotals, "")
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 1))
+	kills := 0
+	wants := scenario(t, ns, seed, func(done <-chan struct{}) {
+		for {
+			select {
+			case <-done:
+				if kills >= 10 {
+					return
+				}
+			default:
+			}
+			time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
+			a.kill()
+			kills++
+			a.start()
+		}
+	})
+	t.Logf("%d kills", kills)
+	settles(t, ns, wants, seen, 90*time.Second)
+}
+
+// TestTotalsSurviveLeaderKill: two aggregators with leader election; the
+// leader is killed mid-run (and again once the other leads): the totals
+// are exact.
+func TestTotalsSurviveLeaderKill(t *testing.T) {
+	ns := namespace(t)
+	leaseNS, err := env.Namespace(context.Background(), "lease")
+	require.NoError(t, err)
+	startWebhook(t, ns, withTotals)
+	seen := watchPools(t, ns)
+	replicas := []*aggregator{
+		startAggregator(t, "a", withTotals, leaseNS),
+		startAggregator(t, "b", withTotals, leaseNS),
+	}
+	leader := func() *aggregator {
+		for _, r := range replicas {
+			if r.leads() {
+				return r
+			}
+		}
+		return nil
+	}
+	require.Eventually(t, func() bool { return leader() != nil }, 30*time.Second, 50*time.Millisecond)
+	seed := uint64(time.Now().UnixNano())
+	kills := 0
+	wants := scenario(t, ns, seed, func(<-chan struct{}) {
+		for range 2 {
+			time.Sleep(2 * time.Second)
+			l := leader()
+			require.NotNil(t, l)
+			l.kill()
+			kills++
+			l.start() // as a standby: its new log shows no lease yet
+			require.Eventually(t, func() bool { return leader() != nil }, 60*time.Second, 100*time.Millisecond, "no replica took the lease over")
+		}
+	})
+	t.Logf("%d leaders killed", kills)
+	settles(t, ns, wants, seen, 90*time.Second)
+}
+
+// TestParentDeletedWithTrackedPods: a pool is deleted while its pods (some
+// running, some finished and recorded) carry the finalizer. The garbage
+// collector does not run here, so the test deletes the pods as it would:
+// none is stranded.
+func TestParentDeletedWithTrackedPods(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	startWebhook(t, ns, withTotals)
+	startAggregator(t, "aggregator", withTotals, "")
+	uid, pods := createPool(t, ns, "pool", 20)
+	for _, p := range pods[:5] {
+		require.NoError(t, finish(ctx, p, failed, false))
+	}
+	require.Eventually(t, func() bool { _, u, _ := totals(t, ns, "pool"); return u == 5 }, 30*time.Second, 50*time.Millisecond)
+
+	require.NoError(t, env.Client.Delete(ctx, builder.WorkerPool(ns, "pool", 0)))
+	require.Eventually(t, func() bool { return len(withFinalizer(t, ns)) == 0 }, 30*time.Second, 50*time.Millisecond,
+		"pods of a deleted parent keep %s: %v", keys.TrackingFinalizer, withFinalizer(t, ns))
+	// The garbage collector's part.
+	for _, p := range pods {
+		require.NoError(t, client.IgnoreNotFound(env.Client.Delete(ctx, p.DeepCopy())))
+	}
+	require.Eventually(t, func() bool {
+		var list corev1.PodList
+		require.NoError(t, env.Client.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{keys.ParentUID: string(uid)}))
+		return len(list.Items) == 0
+	}, 30*time.Second, 50*time.Millisecond, "a pod of the deleted parent could not be deleted")
+}
+
+// TestKindOptedOut: once a kind stops keeping totals (its totals unmapped,
+// or the kind removed from the configuration), the finalizers its pods
+// carry disappear when the aggregator starts with the new configuration.
+func TestKindOptedOut(t *testing.T) {
+	for name, cfg := range map[string]string{"totals unmapped": withoutTotals, "kind removed": kindRemoved} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			ns := namespace(t)
+			startWebhook(t, ns, withTotals)
+			_, pods := createPool(t, ns, "pool", 10)
+			require.NoError(t, finish(ctx, pods[0], deletedRunning, false))
+			require.Len(t, withFinalizer(t, ns), 10, "nothing removes the finalizer before the aggregator runs")
+
+			startAggregator(t, "aggregator", cfg, "")
+			require.Eventually(t, func() bool { return len(withFinalizer(t, ns)) == 0 }, 30*time.Second, 50*time.Millisecond,
+				"pods of an opted-out kind keep %s: %v", keys.TrackingFinalizer, withFinalizer(t, ns))
+			err := env.Client.Get(ctx, client.ObjectKeyFromObject(pods[0]), &corev1.Pod{})
+			assert.True(t, apierrors.IsNotFound(err), "the pod deleted while it carried the finalizer is gone: %v", err)
+		})
+	}
+}
