@@ -30,14 +30,16 @@ func indexTrackingOwner(obj any) ([]string, error) {
 	return nil, nil
 }
 
-// Finalizer patches. Removal deletes the finalizer wherever it is in the
-// list, and is harmless when it is gone already (the Job controller removes
-// its own the same way). Addition carries the resourceVersion the decision
-// was made on as a precondition: a pod that finished since, and may have been
-// recorded and released already, is never given the finalizer again.
-var releasePatch = client.RawPatch(types.StrategicMergePatchType,
-	[]byte(`{"metadata":{"$deleteFromPrimitiveList/finalizers":["`+keys.TrackingFinalizer+`"]}}`))
+// ReleasePatch is the strategic merge patch that removes the tracking
+// finalizer from a pod wherever it is in the list, and changes nothing when
+// it is gone already (the Job controller removes its own the same way).
+var ReleasePatch = []byte(`{"metadata":{"$deleteFromPrimitiveList/finalizers":["` + keys.TrackingFinalizer + `"]}}`)
 
+var releasePatch = client.RawPatch(types.StrategicMergePatchType, ReleasePatch)
+
+// trackPatch adds the tracking finalizer, with the resourceVersion the
+// decision was made on as a precondition: a pod that finished since, and may
+// have been recorded and released already, is never given it again.
 func trackPatch(resourceVersion string) client.Patch {
 	rv, _ := json.Marshal(resourceVersion) // a string always encodes
 	return client.RawPatch(types.StrategicMergePatchType,

@@ -27,8 +27,15 @@ type Report struct {
 	// LastWrite is when the aggregator last applied the parent's status, from
 	// its managedFields entry; nil if it never did.
 	LastWrite *metav1.Time `json:"lastWrite,omitempty"`
-	// Fields are the mapped status fields, in the fixed order of the counts.
+	// Fields are the mapped status fields of the counts of the pods that
+	// exist, in the fixed order of the counts.
 	Fields []Field `json:"fields"`
+	// Totals are the mapped cumulative totals: they count pods that may be
+	// gone, so no fresh count stands beside them.
+	Totals []Total `json:"totals,omitempty"`
+	// Ledger, for a kind with totals, is how many finished pods tally has
+	// recorded and not yet added to the totals.
+	Ledger *Ledger `json:"ledger,omitempty"`
 	// Equal reports that every mapped field equals the fresh count.
 	Equal bool `json:"equal"`
 	// Pods are the parent's pods (S(P): in its namespace, with a controller
@@ -62,12 +69,31 @@ type Field struct {
 // Equal reports whether the parent shows the fresh count.
 func (f Field) Equal() bool { return f.Tally != nil && *f.Tally == f.Fresh }
 
+// Total is one mapped cumulative total.
+type Total struct {
+	Count config.Count `json:"count"`
+	Path  string       `json:"path"`
+	// Tally is the value the parent shows; nil if the field is absent.
+	Tally *int64 `json:"tally"`
+}
+
+// Ledger is what the parent's ledger holds, or why it cannot be read.
+type Ledger struct {
+	Path       string `json:"path"`
+	Completed  int    `json:"completed"`
+	Unexpected int    `json:"unexpected"`
+	Error      string `json:"error,omitempty"`
+}
+
 // Pod is one pod of the parent and why it counts where it does.
 type Pod struct {
 	Name    string       `json:"name"`
 	Class   config.Count `json:"class"`
 	Reason  string       `json:"reason"`
 	Stamped bool         `json:"stamped"`
+	// Tracking reports that the pod carries the tracking finalizer: tally
+	// has not recorded how it finished yet (or it has not finished).
+	Tracking bool `json:"tracking,omitempty"`
 }
 
 // NotCounted is a pod labelled for the parent that is not one of its pods.
@@ -105,7 +131,8 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		}
 		class, reason := Classify(pod)
 		fresh[class]++
-		r.Pods = append(r.Pods, Pod{Name: pod.Name, Class: class, Reason: reason, Stamped: labelled})
+		r.Pods = append(r.Pods, Pod{Name: pod.Name, Class: class, Reason: reason, Stamped: labelled,
+			Tracking: slices.Contains(pod.Finalizers, keys.TrackingFinalizer)})
 		if !labelled {
 			r.Unstamped = append(r.Unstamped, pod.Name)
 		}
@@ -116,14 +143,28 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 
 	r.Equal = true
 	for _, f := range p.Fields() {
-		field := Field{Count: f.Count, Path: strings.Join(f.Path, "."), Fresh: fresh[f.Count]}
+		var shown *int64
 		if v, found, err := unstructured.NestedFieldNoCopy(parent.Object, f.Path...); found && err == nil {
 			if n, ok := toInt64(v); ok {
-				field.Tally = &n
+				shown = &n
 			}
 		}
+		if f.Count.Total() {
+			r.Totals = append(r.Totals, Total{Count: f.Count, Path: strings.Join(f.Path, "."), Tally: shown})
+			continue
+		}
+		field := Field{Count: f.Count, Path: strings.Join(f.Path, "."), Tally: shown, Fresh: fresh[f.Count]}
 		r.Equal = r.Equal && field.Equal()
 		r.Fields = append(r.Fields, field)
+	}
+	if p.Tracked() {
+		r.Ledger = &Ledger{Path: p.Ledger}
+		book, err := aggregate.ReadBook(parent.Object, p.LedgerPath(), p.Fields())
+		if err != nil {
+			r.Ledger.Error = err.Error()
+			r.Equal = false
+		}
+		r.Ledger.Completed, r.Ledger.Unexpected = len(book.Completed), len(book.Unexpected)
 	}
 	return r
 }

@@ -98,6 +98,22 @@ func TestExplain(t *testing.T) {
 		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1), "unexpected": float64(1)}), parentKind, pods)
 		assert.True(t, r.Equal)
 	})
+	t.Run("totals beside no fresh count, and the ledger", func(t *testing.T) {
+		withTotals := parentKind
+		withTotals.Counts = map[config.Count]string{config.Active: "status.active", config.UnexpectedTotal: "status.restarts"}
+		withTotals.Ledger = "status.ledger"
+		tracked := pod("t", func(p *corev1.Pod) { p.Finalizers = []string{keys.TrackingFinalizer} })
+		r := Explain(parent(map[string]any{"active": int64(3), "restarts": int64(7),
+			"ledger": map[string]any{"unexpected": []any{"u1", "u2"}}}), withTotals, append(pods, tracked))
+		assert.True(t, r.Equal, "totals are not compared with a fresh count")
+		assert.Equal(t, []Total{{Count: config.UnexpectedTotal, Path: "status.restarts", Tally: ptr.To[int64](7)}}, r.Totals)
+		assert.Equal(t, &Ledger{Path: "status.ledger", Unexpected: 2}, r.Ledger)
+		assert.True(t, r.Pods[len(r.Pods)-1].Tracking)
+
+		r = Explain(parent(map[string]any{"active": int64(3), "ledger": "garbage"}), withTotals, pods)
+		assert.False(t, r.Equal, "an unreadable ledger stops the totals")
+		assert.Contains(t, r.Ledger.Error, "the ledger status.ledger is a string")
+	})
 	t.Run("field absent", func(t *testing.T) {
 		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1)}), parentKind, pods)
 		assert.False(t, r.Equal)

@@ -24,6 +24,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -349,4 +350,67 @@ func TestExplainAndDoctor(t *testing.T) {
 		assert.Equal(t, app.ExitError, code)
 		assert.Contains(t, out, "ConfigMap nowhere/tally-config not found: is tally installed?")
 	})
+}
+
+// TestFinalizersRemove: `finalizers remove` lists (--dry-run) and then
+// removes the tracking finalizer from every pod of a namespace, leaving
+// other finalizers and other namespaces alone.
+func TestFinalizersRemove(t *testing.T) {
+	ctx := context.Background()
+	in := &install{kubeconfig: adminKubeconfig(t)}
+	var namespaces []string
+	for range 2 {
+		ns, err := env.Namespace(ctx, "released")
+		require.NoError(t, err)
+		namespaces = append(namespaces, ns)
+		for i, finalizers := range [][]string{{keys.TrackingFinalizer}, {"example.com/keep", keys.TrackingFinalizer}, {"example.com/keep"}, nil} {
+			pod := builder.Pod(ns, fmt.Sprintf("p%d", i)).Build()
+			pod.Finalizers = finalizers
+			require.NoError(t, env.Client.Create(ctx, pod))
+		}
+	}
+	finalizersOf := func(ns string) map[string][]string {
+		var pods corev1.PodList
+		require.NoError(t, env.Client.List(ctx, &pods, client.InNamespace(ns)))
+		out := map[string][]string{}
+		for _, p := range pods.Items {
+			out[p.Name] = p.Finalizers
+		}
+		return out
+	}
+	before := finalizersOf(namespaces[0])
+
+	code, out := in.run("-n", namespaces[0], "finalizers", "remove", "--dry-run")
+	require.Equal(t, app.ExitOK, code, out)
+	assert.Contains(t, out, "pod/p0 -n "+namespaces[0]+" carries tally.dev/tracking")
+	assert.Contains(t, out, "2 pod(s) carry tally.dev/tracking (dry run: nothing changed)")
+	assert.Equal(t, before, finalizersOf(namespaces[0]))
+
+	code, out = in.run("-n", namespaces[0], "finalizers", "remove")
+	require.Equal(t, app.ExitOK, code, out)
+	assert.Contains(t, out, "2 pod(s) released")
+	assert.Equal(t, map[string][]string{"p0": nil, "p1": {"example.com/keep"}, "p2": {"example.com/keep"}, "p3": nil}, finalizersOf(namespaces[0]))
+	assert.Len(t, finalizersOf(namespaces[1])["p0"], 1, "another namespace is left alone")
+
+	code, out = in.run("finalizers", "remove", "--all-namespaces")
+	require.Equal(t, app.ExitOK, code, out)
+	assert.Equal(t, []string{"example.com/keep"}, finalizersOf(namespaces[1])["p1"])
+	assert.Empty(t, finalizersOf(namespaces[1])["p0"])
+	for _, ns := range namespaces {
+		for _, name := range []string{"p1", "p2"} {
+			pod := builder.Pod(ns, name).Build()
+			require.NoError(t, env.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))))
+		}
+	}
+}
+
+func adminKubeconfig(t *testing.T) string {
+	t.Helper()
+	admin, err := env.AddUser(envtest.User{Name: "finalizers-admin", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	data, err := admin.KubeConfig()
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "admin.kubeconfig")
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+	return path
 }

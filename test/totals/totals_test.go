@@ -23,10 +23,10 @@ import (
 type ending int
 
 const (
-	succeeded       ending = iota // phase Succeeded
-	failed                        // phase Failed
-	deletedRunning                // deleted while Running
-	deletedPending                // deleted before it ever ran
+	succeeded      ending = iota // phase Succeeded
+	failed                       // phase Failed
+	deletedRunning               // deleted while Running
+	deletedPending               // deleted before it ever ran
 	endings
 )
 

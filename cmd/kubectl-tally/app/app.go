@@ -1,6 +1,7 @@
 // Package app is the kubectl-tally plugin: `kubectl tally explain` says why a
 // parent shows the counts it shows, `kubectl tally doctor` checks an
-// installation end to end.
+// installation end to end, `kubectl tally finalizers remove` releases the
+// pods tally tracks after it is uninstalled.
 package app
 
 import (
@@ -68,7 +69,8 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kubectl-tally",
 		Short: "Explain tally's counts and check a tally installation",
-		Long: `kubectl tally explains the counts tally writes to a parent's status and checks an installation.
+		Long: `kubectl tally explains the counts tally writes to a parent's status, checks an installation, and
+removes tally's tracking finalizer from pods after an uninstall.
 
 Exit status: 0 when all is well, 3 when explain finds a count that differs or doctor a check that fails,
 1 when the command could not look.`,
@@ -82,7 +84,7 @@ Exit status: 0 when all is well, 3 when explain finds a count that differs or do
 	cmd.PersistentFlags().StringVar(&o.release, "release", "tally", "the Helm release of tally's chart")
 	cmd.PersistentFlags().StringVar(&o.tallyNamespace, "tally-namespace", "tally-system", "the namespace tally is installed in")
 	cmd.PersistentFlags().StringVar(&o.configFile, "config", "", "read tally's configuration from this file instead of the installed ConfigMap")
-	cmd.AddCommand(newExplainCommand(o), newDoctorCommand(o))
+	cmd.AddCommand(newExplainCommand(o), newDoctorCommand(o), newFinalizersCommand(o))
 	return cmd
 }
 

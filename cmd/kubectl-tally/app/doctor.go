@@ -419,8 +419,15 @@ func (d *doctor) checkKind(ctx context.Context, p config.Parent) Check {
 			missing = append(missing, strings.Join(f.Path, "."))
 		}
 	}
+	if p.Tracked() {
+		for _, list := range []string{"completed", "unexpected"} {
+			if path := append(p.LedgerPath(), list); !declared(crd, p.Version, path) {
+				missing = append(missing, strings.Join(path, "."))
+			}
+		}
+	}
 	if len(missing) > 0 {
-		return fail(name, "declare them (type integer) in the CRD's openAPIV3Schema for version "+p.Version+", or unmap them",
+		return fail(name, "declare them in the CRD's openAPIV3Schema for version "+p.Version+" (counts and totals as integers, the ledger's lists as arrays of strings), or unmap them",
 			"the CRD does not declare %s: the API server prunes what tally writes there", strings.Join(missing, ", "))
 	}
 	return ok(name, "%s served with a status subresource; the CRD declares every mapped field", resource)

@@ -155,19 +155,43 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", f.Path, tally, f.Fresh, mark)
 	}
 	w.Flush()
+	if len(r.Totals) > 0 {
+		fmt.Fprintln(out)
+		w = printers.GetNewTabWriter(out)
+		fmt.Fprintln(w, "TOTAL\tTALLY\t")
+		for _, t := range r.Totals {
+			tally := "<none>"
+			if t.Tally != nil {
+				tally = fmt.Sprint(*t.Tally)
+			}
+			fmt.Fprintf(w, "%s\t%s\t\n", t.Path, tally)
+		}
+		w.Flush()
+	}
+	if l := r.Ledger; l != nil {
+		if l.Error != "" {
+			fmt.Fprintf(out, "Ledger %s cannot be read: %s\n", l.Path, l.Error)
+		} else {
+			fmt.Fprintf(out, "Ledger %s: %d completed and %d unexpected pod(s) recorded, not yet added to the totals.\n", l.Path, l.Completed, l.Unexpected)
+		}
+	}
 
 	fmt.Fprintln(out)
 	if len(r.Pods) == 0 {
 		fmt.Fprintln(out, "No pods.")
 	} else {
 		w = printers.GetNewTabWriter(out)
-		fmt.Fprintln(w, "POD\tCLASS\tSTAMPED\tWHY")
+		if r.Ledger != nil {
+			fmt.Fprintln(w, "POD\tCLASS\tSTAMPED\tTRACKING\tWHY")
+		} else {
+			fmt.Fprintln(w, "POD\tCLASS\tSTAMPED\tWHY")
+		}
 		for _, p := range r.Pods {
-			stamped := "yes"
-			if !p.Stamped {
-				stamped = "no"
+			cols := []string{p.Name, string(p.Class), yesNo(p.Stamped)}
+			if r.Ledger != nil {
+				cols = append(cols, yesNo(p.Tracking))
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", p.Name, p.Class, stamped, p.Reason)
+			fmt.Fprintln(w, strings.Join(append(cols, p.Reason), "\t"))
 		}
 		w.Flush()
 	}
@@ -192,6 +216,9 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 			differ = append(differ, fmt.Sprintf("%s shows %d, a fresh count gives %d", f.Path, *f.Tally, f.Fresh))
 		}
 	}
+	if r.Ledger != nil && r.Ledger.Error != "" {
+		differ = append(differ, "the ledger cannot be read, so the totals stay as they are until it is fixed")
+	}
 	fmt.Fprintf(out, "Verdict: DIFFERS. %s.\n", strings.Join(differ, "; "))
 	if len(r.Unstamped) > 0 {
 		fmt.Fprintf(out, "  %d pod(s) of the parent are not stamped yet (%s): the aggregator's sweep stamps them at its next pass\n"+
@@ -203,4 +230,11 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 	} else {
 		fmt.Fprintln(out, "  tally never applied this status: run `kubectl tally doctor`.")
 	}
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
