@@ -5,6 +5,9 @@ scale-down it marks surplus pods with the annotation
 tally.dev/completion-intent (one merge patch per pod, no read-modify-write),
 and it reads status.completing, status.active, status.completed and
 status.unexpected, which tally's aggregator writes from the pods themselves.
+It stops replacing a pool's crashed pods once status.unexpectedTotal (every
+pod that ever finished without being asked to, counted once by tally even
+after the pod is deleted) reaches its restart budget.
 
 Run it (see README.md next to this file):
 
@@ -25,6 +28,9 @@ TERMINAL = ("Succeeded", "Failed")
 # Pods asked to complete keep their node resources until they exit: at most
 # this many replacements run beside them.
 MAX_SURGE = 2
+# A pool whose pods exited unexpectedly this many times in all gets no more
+# replacements: its crashes need a person, not another pod.
+RESTART_BUDGET = 5
 
 # Built at start-up, once the configuration is loaded: a client built at
 # import time would talk to http://localhost.
@@ -105,14 +111,20 @@ def new_pod(body, name: str) -> dict:
 def reconcile(body, spec, status, name, namespace, uid, logger, **_):
     """Level-triggered: compare the live pods with spec.replicas, from a
     fresh list, on every change and every few seconds."""
+    # The counts are tally's: read them, never write them. unexpectedTotal
+    # outlives the pods delete_exited removes; a counter kept here would
+    # race with that handler and forget what happened before a restart.
+    restarts = status.get("unexpectedTotal") or 0
     with pool_locks[uid]:
-        scale(body, spec.get("replicas", 0), status.get("completing") or 0, name, namespace, uid)
-    # The counts are tally's: read them, never write them.
-    logger.debug("tally counts: completing=%s active=%s completed=%s unexpected=%s",
-                 status.get("completing"), status.get("active"), status.get("completed"), status.get("unexpected"))
+        scale(body, spec.get("replicas", 0), status.get("completing") or 0, name, namespace, uid,
+              may_replace=restarts < RESTART_BUDGET)
+    logger.debug("tally counts: completing=%s active=%s completed=%s unexpected=%s unexpectedTotal=%s",
+                 status.get("completing"), status.get("active"), status.get("completed"), status.get("unexpected"),
+                 restarts)
 
 
-def scale(body, replicas: int, completing: int, name: str, namespace: str, uid: str) -> None:
+def scale(body, replicas: int, completing: int, name: str, namespace: str, uid: str,
+          may_replace: bool = True) -> None:
     live = sorted((p for p in owned_pods(namespace, uid) if is_live(p)), key=lambda p: p.metadata.name)
     if len(live) > replicas:
         surplus = live[replicas:]
@@ -125,6 +137,10 @@ def scale(body, replicas: int, completing: int, name: str, namespace: str, uid: 
         # pods' own intent says so), and tally's status.completing says how
         # many of them still run, within the surge they may share.
         missing = min(replicas - len(live), replicas + MAX_SURGE - len(live) - completing)
+        if missing > 0 and not may_replace:
+            kopf.warn(body, reason="RestartBudgetExhausted",
+                      message=f"{RESTART_BUDGET} pods exited unexpectedly (status.unexpectedTotal): not replacing them")
+            return
         for _ in range(missing):
             core.create_namespaced_pod(namespace, new_pod(body, name))
         if missing > 0:

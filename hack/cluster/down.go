@@ -13,7 +13,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/keys"
 )
 
 // down stops the cluster and puts the host back as up found it. It goes on
@@ -133,6 +137,11 @@ func (c *cluster) drainPods() error {
 			for _, p := range pods.Items {
 				if p.DeletionTimestamp == nil {
 					_ = cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](1)})
+				}
+				if slices.Contains(p.Finalizers, keys.TrackingFinalizer) {
+					// tally's aggregator may be gone already (a test that
+					// failed before it uninstalled tally).
+					_, _ = cs.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, aggregate.ReleasePatch, metav1.PatchOptions{})
 				}
 			}
 		}

@@ -47,14 +47,17 @@ type Cluster struct {
 }
 
 // ClusterValues are chart values for the one-node cluster: the example
-// WorkerPool with every count mapped, certificates from Helm, two replicas
-// of each component, and the image the node imported (never pulled).
+// WorkerPool with every count and both totals mapped, certificates from
+// Helm, two replicas of each component, and the image the node imported
+// (never pulled).
 const ClusterValues = `parents:
   - group: example.tally.dev
     version: v1
     kind: WorkerPool
     resource: workerpools
-    counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected}
+    counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected,
+      completedTotal: status.completedTotal, unexpectedTotal: status.unexpectedTotal}
+    ledger: status.tallyLedger
 image:
   pullPolicy: Never
 certificates:

@@ -26,6 +26,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -99,6 +101,11 @@ type Demo struct {
 	operatorDone        chan error
 	stopKubelet         context.CancelFunc
 	kubeletDone         chan struct{}
+	// totals reports that the configuration maps the pool's totals;
+	// finished is then the truth they are compared with.
+	totals    bool
+	finished  *finished
+	stopWatch context.CancelFunc
 }
 
 // Kubeconfig returns the path of the kubeconfig that reaches the demo's
@@ -123,6 +130,9 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 		return nil, err
 	}
 	d := &Demo{opts: opts, cfg: cfg, logDir: filepath.Join(opts.Dir, "logs"), rng: rand.New(rand.NewPCG(opts.Seed, 1)), kubeletRNG: rand.New(rand.NewPCG(opts.Seed, 2))}
+	for _, p := range cfg.Parents {
+		d.totals = d.totals || (p.GroupKind() == builder.WorkerPoolGVK.GroupKind() && p.Tracked())
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, d.Stop())
@@ -137,10 +147,20 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 		d.say("kubeconfig: %s   (kubectl --kubeconfig %s get workerpools -n %s -w)", opts.Cluster.Kubeconfig, opts.Cluster.Kubeconfig, Namespace)
 		d.say("why the pool shows what it shows: %s --kubeconfig %s -n %s explain workerpool/%s",
 			filepath.Join(opts.BinDir, "kubectl-tally"), opts.Cluster.Kubeconfig, Namespace, Pool)
+		restConfig, err := clientcmd.BuildConfigFromFlags("", opts.Cluster.Kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		if err := d.watchFinished(ctx, restConfig); err != nil {
+			return nil, err
+		}
 		return d, d.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}})
 	}
 	if opts.Installed != nil {
 		d.client, d.aggregatorMetrics = opts.Installed.Env.Client, opts.Installed.AggregatorMetrics
+		if err := d.watchFinished(ctx, opts.Installed.Env.Config); err != nil {
+			return nil, err
+		}
 		return d, d.startWorkloads(ctx, opts.Installed.Env)
 	}
 	d.say("starting kube-apiserver and etcd")
@@ -170,7 +190,20 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 	if err := d.StartAggregator(ctx); err != nil {
 		return nil, err
 	}
+	if err := d.watchFinished(ctx, d.env.Config); err != nil {
+		return nil, err
+	}
 	return d, d.startWorkloads(ctx, d.env)
+}
+
+// watchFinished starts recording the pods that finish, the truth of the
+// totals, until Stop.
+func (d *Demo) watchFinished(ctx context.Context, cfg *rest.Config) error {
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.stopWatch = cancel
+	var err error
+	d.finished, err = watchFinished(wctx, cfg, Namespace)
+	return err
 }
 
 // startWorkloads starts the example operator and the simulated kubelet on
@@ -338,6 +371,9 @@ func (d *Demo) startOperator(env *framework.Env) error {
 // namespace). It is safe to call on a partly started demo.
 func (d *Demo) Stop() error {
 	var errs []error
+	if d.stopWatch != nil {
+		d.stopWatch()
+	}
 	if d.stopKubelet != nil {
 		d.stopKubelet()
 		<-d.kubeletDone
@@ -382,6 +418,9 @@ type Snapshot struct {
 	Desired int64
 	Tally   map[config.Count]int64
 	Truth   map[config.Count]int64
+	// Totals are the totals tally shows, Finished the pods the demo saw
+	// finish; both nil when the configuration maps no totals.
+	Totals, Finished map[config.Count]int64
 	// Settled reports that no pod is starting or completing and the pool
 	// runs as many pods as it wants.
 	Settled bool
@@ -391,6 +430,11 @@ type Snapshot struct {
 func (s Snapshot) Match() bool {
 	for _, c := range config.Counts {
 		if s.Tally[c] != s.Truth[c] {
+			return false
+		}
+	}
+	for _, c := range config.Totals {
+		if s.Totals != nil && s.Totals[c] != s.Finished[c] {
 			return false
 		}
 	}
@@ -409,12 +453,21 @@ func (d *Demo) Snapshot(ctx context.Context) (Snapshot, error) {
 	}
 	s := Snapshot{Tally: map[config.Count]int64{}, Truth: framework.Truth(pods.Items, pool.GetNamespace(), pool.GetUID())}
 	s.Desired, _, _ = unstructured.NestedInt64(pool.Object, "spec", "replicas")
-	for _, c := range config.Counts {
+	shown := func(c config.Count) int64 {
 		v, found, _ := unstructured.NestedInt64(pool.Object, "status", string(c))
 		if !found {
 			v = -1
 		}
-		s.Tally[c] = v
+		return v
+	}
+	for _, c := range config.Counts {
+		s.Tally[c] = shown(c)
+	}
+	if d.totals {
+		s.Totals, s.Finished = map[config.Count]int64{}, d.finished.totals()
+		for _, c := range config.Totals {
+			s.Totals[c] = shown(c)
+		}
 	}
 	starting := false
 	for _, p := range pods.Items {
@@ -434,7 +487,12 @@ func (s Snapshot) line(elapsed time.Duration) string {
 		return fmt.Sprintf("active=%-3d completing=%-3d completed=%-3d unexpected=%-3d",
 			m[config.Active], m[config.Completing], m[config.Completed], m[config.Unexpected])
 	}
-	return fmt.Sprintf("%5.1fs desired=%-3d tally: %s %s list: %s", elapsed.Seconds(), s.Desired, f(s.Tally), mark, f(s.Truth))
+	line := fmt.Sprintf("%5.1fs desired=%-3d tally: %s %s list: %s", elapsed.Seconds(), s.Desired, f(s.Tally), mark, f(s.Truth))
+	if s.Totals != nil {
+		line += fmt.Sprintf(" | totals: completed=%-3d unexpected=%-3d finished: completed=%-3d unexpected=%-3d",
+			s.Totals[config.CompletedTotal], s.Totals[config.UnexpectedTotal], s.Finished[config.CompletedTotal], s.Finished[config.UnexpectedTotal])
+	}
+	return line
 }
 
 // Applies returns how many status applies the running aggregator has sent.
@@ -581,7 +639,7 @@ func (d *Demo) Verdict(ctx context.Context) error {
 		return err
 	}
 	if !s.Match() {
-		fmt.Fprintf(d.opts.Out, "verdict: FAIL: tally's counts differ from a fresh List\n  %s\n", s.line(0))
+		fmt.Fprintf(d.opts.Out, "verdict: FAIL: tally's counts differ from a fresh List, or its totals from the pods seen finishing\n  %s\n", s.line(0))
 		return errMismatch
 	}
 	sent := ""
@@ -592,8 +650,13 @@ func (d *Demo) Verdict(ctx context.Context) error {
 		}
 		sent = fmt.Sprintf("; the aggregator sent %.0f server-side applies", applies)
 	}
-	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d)%s. Logs: %s\n",
-		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], sent, d.logDir)
+	totals := ""
+	if s.Totals != nil {
+		totals = fmt.Sprintf("; its totals equal the pods seen finishing, deleted ones included (completedTotal=%d unexpectedTotal=%d)",
+			s.Totals[config.CompletedTotal], s.Totals[config.UnexpectedTotal])
+	}
+	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d)%s%s. Logs: %s\n",
+		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], totals, sent, d.logDir)
 	return nil
 }
 

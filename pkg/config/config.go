@@ -33,8 +33,11 @@ const (
 	UnexpectedTotal Count = "unexpectedTotal"
 )
 
-// Counts lists every valid count, in a fixed order.
-var Counts = []Count{Completing, Completed, Active, Unexpected, CompletedTotal, UnexpectedTotal}
+// Counts lists the counts of the pods that exist, in a fixed order.
+var Counts = []Count{Completing, Completed, Active, Unexpected}
+
+// Totals lists the cumulative totals, in a fixed order.
+var Totals = []Count{CompletedTotal, UnexpectedTotal}
 
 // Total reports whether c is a cumulative total rather than a count of the
 // pods that exist.
@@ -103,10 +106,11 @@ type Field struct {
 	Path []string
 }
 
-// Fields returns the parent's mapped fields in the fixed order of Counts.
+// Fields returns the parent's mapped fields in the fixed order of Counts,
+// then Totals.
 func (p Parent) Fields() []Field {
 	fields := make([]Field, 0, len(p.Counts))
-	for _, c := range Counts {
+	for _, c := range slices.Concat(Counts, Totals) {
 		if path, ok := p.Counts[c]; ok {
 			fields = append(fields, Field{Count: c, Path: strings.Split(path, ".")})
 		}
@@ -245,7 +249,7 @@ func validateCounts(at string, counts map[Count]string, ledger string) []error {
 	for _, name := range slices.Sorted(maps.Keys(counts)) {
 		path := counts[name]
 		key := fmt.Sprintf("%s.counts.%s", at, name)
-		if !slices.Contains(Counts, name) {
+		if !slices.Contains(Counts, name) && !slices.Contains(Totals, name) {
 			errs = append(errs, fmt.Errorf("%s: unknown count %q, must be one of completing, completed, active, unexpected, completedTotal, unexpectedTotal", key, name))
 			continue
 		}

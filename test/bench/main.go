@@ -10,12 +10,17 @@
 // The scenario sweep: the backfill sweep's time and bytes over 10,000
 // cluster pods, against a plain paginated List of the same pods.
 //
-// Both are run by `make bench`.
+// Both are run by `make bench`, as are webhook and totals.
 //
 // The scenario webhook: admissions over TLS by bin/webhook and by the
 // conventional controller-runtime webhook, each on one core, at rising
 // concurrency; then pod creates through the API server with tally's webhook
 // registered and without, alternating.
+//
+// The scenario totals: the API requests the cumulative totals add per
+// finished pod (pod patches, status applies, lists of a parent's pods),
+// against the same pods finishing under the four counts only, in bursts of
+// 100 and one at a time.
 //
 // The scenario scale (`make bench-scale`, not part of `make bench`): 150,000
 // pods at Kubernetes' limits (50 namespaces × 30 parents × 100 pods), counted
@@ -62,7 +67,7 @@ func main() {
 	burst := flag.Int("burst", 5000, "pod changes in the burst")
 	rate := flag.Int("rate", 200, "pod changes per second in the steady phase")
 	steady := flag.Duration("steady", 20*time.Second, "length of the steady phase")
-	scenario := flag.String("scenario", "counts", "counts, sweep, scale, or webhook")
+	scenario := flag.String("scenario", "counts", "counts, sweep, scale, totals, or webhook")
 	step := flag.Duration("step", 3*time.Second, "webhook: length of each load step over TLS")
 	apiRound := flag.Duration("api-round", 20*time.Second, "webhook: length of each round of pod creates through the API server")
 	namespaces := flag.Int("namespaces", 50, "scale: namespaces")
@@ -81,6 +86,8 @@ func main() {
 			return runWebhook(env, *step, *apiRound)
 		case "scale":
 			return runScale(env, *namespaces, *parentsPerNS, *podsPer)
+		case "totals":
+			return runTotals(env, 20, 50, 100)
 		}
 		return fmt.Errorf("unknown scenario %q", *scenario)
 	})

@@ -192,6 +192,19 @@ func TestRealCluster(t *testing.T) {
 			return c.List(ctx, &pods, client.InNamespace(framework.ReleaseNamespace)) == nil && len(pods.Items) == 0
 		})
 		assert.True(t, ok, "tally's pods still run after helm uninstall")
+
+		// The pools' pods still carry the tracking finalizer: nothing removes
+		// it once the aggregator is gone, but the documented command.
+		var out, errOut bytes.Buffer
+		streams := genericiooptions.IOStreams{Out: &out, ErrOut: &errOut}
+		code := app.Main([]string{"--kubeconfig", kubeconfig, "--tally-namespace", framework.ReleaseNamespace, "finalizers", "remove", "--all-namespaces"}, streams)
+		t.Logf("kubectl tally finalizers remove --all-namespaces:\n%s%s", out.String(), errOut.String())
+		require.Equal(t, app.ExitOK, code)
+		var pods corev1.PodList
+		require.NoError(t, c.List(ctx, &pods))
+		for _, p := range pods.Items {
+			assert.NotContains(t, p.Finalizers, keys.TrackingFinalizer, "pod %s/%s", p.Namespace, p.Name)
+		}
 	})
 }
 
