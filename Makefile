@@ -173,6 +173,8 @@ bench: envtest-assets ## Run the benchmarks and the aggregator bench program (fi
 	go run ./test/bench -scenario sweep
 	@echo ">> the webhook over TLS, and pod creates through the API server with and without it"
 	go run ./test/bench -scenario webhook
+	@echo ">> the API requests the cumulative totals add per finished pod"
+	go run ./test/bench -scenario totals
 
 .PHONY: bench-scale
 bench-scale: envtest-assets ## Count 150,000 pods (50 namespaces x 30 parents x 100): tally's aggregator against the conventional controller (about 30 minutes).
