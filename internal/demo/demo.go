@@ -246,14 +246,11 @@ func (d *Demo) writeKubeconfig() error {
 // writeKubeconfig writes user's kubeconfig to path and returns its absolute
 // path.
 func writeKubeconfig(user *envtest.AuthenticatedUser, path string) (string, error) {
-	data, err := user.KubeConfig()
+	path, err := filepath.Abs(path)
 	if err != nil {
 		return "", err
 	}
-	if path, err = filepath.Abs(path); err != nil {
-		return "", err
-	}
-	return path, os.WriteFile(path, data, 0o600)
+	return path, framework.WriteKubeconfig(user, path)
 }
 
 func freeAddr() (string, int, error) {

@@ -63,18 +63,9 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-// namespace creates a namespace labelled so that only this test's webhook
-// registration selects it.
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "c-"}}
-	require.NoError(t, env.Client.Create(context.Background(), ns))
-	ns.Labels = map[string]string{selectorLabel: ns.Name}
-	require.NoError(t, env.Client.Update(context.Background(), ns))
-	return ns.Name
-}
-
-const selectorLabel = "tally.dev/test-namespace"
+// namespace creates a namespace that only this test's webhook registration
+// selects.
+func namespace(t *testing.T) string { return env.WebhookNamespace(t, "c") }
 
 // webhook is one webhook process serving TLS on a fixed port, which can be
 // stopped and started again.
@@ -129,18 +120,10 @@ func (w *webhook) stop() {
 // register registers w for the namespace ns, as the chart does.
 func (w *webhook) register(t *testing.T, ns string, policy admissionregistrationv1.FailurePolicyType) {
 	t.Helper()
-	wh := mutate.Webhook(workerPools, admissionregistrationv1.WebhookClientConfig{
+	env.RegisterWebhook(t, workerPools, admissionregistrationv1.WebhookClientConfig{
 		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", w.port, mutate.Path)),
 		CABundle: w.ca.CertPEM,
-	}, framework.AggregatorUser)
-	wh.FailurePolicy = &policy
-	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{selectorLabel: ns}}
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "tally-" + ns},
-		Webhooks:   []admissionregistrationv1.MutatingWebhook{wh},
-	}
-	require.NoError(t, env.Client.Create(context.Background(), mwc))
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), mwc) })
+	}, ns, policy)
 	// The API server picks registrations up asynchronously.
 	time.Sleep(2 * time.Second)
 }

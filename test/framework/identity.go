@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"strings"
 
@@ -33,6 +34,15 @@ func (e *Env) AggregatorIdentity() (*envtest.AuthenticatedUser, error) {
 		return nil, fmt.Errorf("provisioning the aggregator's identity: %w", err)
 	}
 	return user, nil
+}
+
+// WriteKubeconfig writes user's kubeconfig to path.
+func WriteKubeconfig(user *envtest.AuthenticatedUser, path string) error {
+	data, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o600)
 }
 
 // KubeconfigAs writes to path a copy of the kubeconfig admin that

@@ -8,7 +8,15 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"testing"
 	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/mutate"
 )
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
@@ -50,4 +58,43 @@ func WaitForTLS(ctx context.Context, host string, port int, caPEM []byte) error 
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// NamespaceLabel labels a namespace with its own name, so that a webhook
+// registered by RegisterWebhook selects it and no other.
+const NamespaceLabel = "tally.dev/test-namespace"
+
+// WebhookNamespace creates a namespace with a generated name, labelled for
+// RegisterWebhook, and returns its name.
+func (e *Env) WebhookNamespace(t testing.TB, prefix string) string {
+	t.Helper()
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	if err := e.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels[NamespaceLabel] = ns.Name
+	if err := e.Client.Update(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// RegisterWebhook registers tally's pod webhook for parents, as the chart
+// does, calling clientConfig for the pods of namespace ns only (created by
+// WebhookNamespace), with failure policy policy; the registration is removed
+// when the test ends. The API server picks it up asynchronously.
+func (e *Env) RegisterWebhook(t testing.TB, parents []config.Parent, clientConfig admissionregistrationv1.WebhookClientConfig, ns string, policy admissionregistrationv1.FailurePolicyType) {
+	t.Helper()
+	wh := mutate.Webhook(parents, clientConfig, AggregatorUser)
+	wh.FailurePolicy = &policy
+	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{NamespaceLabel: ns}}
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "tally-" + ns},
+		Webhooks:   []admissionregistrationv1.MutatingWebhook{wh},
+	}
+	if err := e.Client.Create(context.Background(), mwc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Client.Delete(context.Background(), mwc) })
 }

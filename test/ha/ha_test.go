@@ -66,14 +66,14 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return err
 		}
-		if err := writeKubeconfig(user, "aggregator.kubeconfig"); err != nil {
+		if err := framework.WriteKubeconfig(user, filepath.Join(dir, "aggregator.kubeconfig")); err != nil {
 			return err
 		}
 		admin, err := e.AddUser(envtest.User{Name: "ha-admin", Groups: []string{"system:masters"}}, nil)
 		if err != nil {
 			return err
 		}
-		return writeKubeconfig(admin, "admin.kubeconfig")
+		return framework.WriteKubeconfig(admin, filepath.Join(dir, "admin.kubeconfig"))
 	})
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
@@ -87,14 +87,6 @@ const configFile = `parents:
       completing: status.completing
       active: status.active
 `
-
-func writeKubeconfig(user *envtest.AuthenticatedUser, name string) error {
-	data, err := user.KubeConfig()
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, name), data, 0o600)
-}
 
 // aggregator is one aggregator process with leader election.
 type aggregator struct {

@@ -408,9 +408,7 @@ func adminKubeconfig(t *testing.T) string {
 	t.Helper()
 	admin, err := env.AddUser(envtest.User{Name: "finalizers-admin", Groups: []string{"system:masters"}}, nil)
 	require.NoError(t, err)
-	data, err := admin.KubeConfig()
-	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "admin.kubeconfig")
-	require.NoError(t, os.WriteFile(path, data, 0o600))
+	require.NoError(t, framework.WriteKubeconfig(admin, path))
 	return path
 }

@@ -94,14 +94,14 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return err
 		}
-		if err := writeKubeconfig(user, "aggregator.kubeconfig"); err != nil {
+		if err := framework.WriteKubeconfig(user, filepath.Join(dir, "aggregator.kubeconfig")); err != nil {
 			return err
 		}
 		admin, err := e.AddUser(envtest.User{Name: "totals-admin", Groups: []string{"system:masters"}}, nil)
 		if err != nil {
 			return err
 		}
-		if err := writeKubeconfig(admin, "admin.kubeconfig"); err != nil {
+		if err := framework.WriteKubeconfig(admin, filepath.Join(dir, "admin.kubeconfig")); err != nil {
 			return err
 		}
 		return e.InstallPolicies(context.Background())
@@ -110,28 +110,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func writeKubeconfig(user *envtest.AuthenticatedUser, name string) error {
-	data, err := user.KubeConfig()
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, name), data, 0o600)
-}
-
-const selectorLabel = "tally.dev/test-namespace"
-
 // namespace creates a namespace that only this test's webhook registration
 // selects.
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns, err := env.Namespace(context.Background(), "totals")
-	require.NoError(t, err)
-	obj := &corev1.Namespace{}
-	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Name: ns}, obj))
-	obj.Labels[selectorLabel] = ns
-	require.NoError(t, env.Client.Update(context.Background(), obj))
-	return ns
-}
+func namespace(t *testing.T) string { return env.WebhookNamespace(t, "totals") }
 
 // startWebhook runs the webhook with cfg and registers it, as the chart
 // does, for namespace ns only.
@@ -144,16 +125,9 @@ func startWebhook(t *testing.T, ns, cfg string) {
 	parsed, err := config.Load(cfg)
 	require.NoError(t, err)
 	tracksPools := slices.ContainsFunc(parsed.Parents, func(p config.Parent) bool { return p.GroupKind() == builder.WorkerPoolGVK.GroupKind() })
-	wh := mutate.Webhook(parsed.Parents, admissionregistrationv1.WebhookClientConfig{
+	env.RegisterWebhook(t, parsed.Parents, admissionregistrationv1.WebhookClientConfig{
 		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
-	}, framework.AggregatorUser)
-	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{selectorLabel: ns}}
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "tally-" + ns},
-		Webhooks:   []admissionregistrationv1.MutatingWebhook{wh},
-	}
-	require.NoError(t, env.Client.Create(context.Background(), mwc))
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), mwc) })
+	}, ns, admissionregistrationv1.Fail)
 	// The API server picks registrations up asynchronously.
 	require.Eventually(t, func() bool {
 		probe := builder.Pod(ns, "probe").ControlledBy(builder.WorkerPoolGVK, "none", "00000000-0000-4000-8000-000000000000").Build()
