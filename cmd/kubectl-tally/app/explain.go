@@ -158,13 +158,13 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 	if len(r.Totals) > 0 {
 		fmt.Fprintln(out)
 		w = printers.GetNewTabWriter(out)
-		fmt.Fprintln(w, "TOTAL\tTALLY\t")
+		fmt.Fprintln(w, "TOTAL\tTALLY")
 		for _, t := range r.Totals {
 			tally := "<none>"
 			if t.Tally != nil {
 				tally = fmt.Sprint(*t.Tally)
 			}
-			fmt.Fprintf(w, "%s\t%s\t\n", t.Path, tally)
+			fmt.Fprintf(w, "%s\t%s\n", t.Path, tally)
 		}
 		w.Flush()
 	}
