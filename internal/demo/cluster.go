@@ -55,8 +55,7 @@ const ClusterValues = `parents:
     version: v1
     kind: WorkerPool
     resource: workerpools
-    counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected,
-      completedTotal: status.completedTotal, unexpectedTotal: status.unexpectedTotal}
+    counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected, completedTotal: status.completedTotal, unexpectedTotal: status.unexpectedTotal}
     ledger: status.tallyLedger
 image:
   pullPolicy: Never

@@ -104,7 +104,7 @@ type Demo struct {
 	// totals reports that the configuration maps the pool's totals;
 	// finished is then the truth they are compared with.
 	totals    bool
-	finished  *finished
+	finished  *Finished
 	stopWatch context.CancelFunc
 }
 
@@ -202,7 +202,7 @@ func (d *Demo) watchFinished(ctx context.Context, cfg *rest.Config) error {
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopWatch = cancel
 	var err error
-	d.finished, err = watchFinished(wctx, cfg, Namespace)
+	d.finished, err = WatchFinished(wctx, cfg, Namespace)
 	return err
 }
 
@@ -461,7 +461,7 @@ func (d *Demo) Snapshot(ctx context.Context) (Snapshot, error) {
 		s.Tally[c] = shown(c)
 	}
 	if d.totals {
-		s.Totals, s.Finished = map[config.Count]int64{}, d.finished.totals()
+		s.Totals, s.Finished = map[config.Count]int64{}, d.finished.Totals()
 		for _, c := range config.Totals {
 			s.Totals[c] = shown(c)
 		}

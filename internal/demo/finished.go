@@ -17,17 +17,17 @@ import (
 	"tally.dev/tally/pkg/keys"
 )
 
-// finished records, from a watch of the demo's pods, every pod that ever
+// Finished records, from a watch of a namespace's pods, every pod that ever
 // finished (terminal, or being deleted) with the total it belongs to: the
 // truth the totals are compared with, kept apart from tally.
-type finished struct {
+type Finished struct {
 	mu  sync.Mutex
 	uid map[types.UID]config.Count
 }
 
-// watchFinished starts recording the finished pods of namespace ns until
+// WatchFinished starts recording the finished pods of namespace ns until
 // ctx is done, and waits for the first list.
-func watchFinished(ctx context.Context, cfg *rest.Config, ns string) (*finished, error) {
+func WatchFinished(ctx context.Context, cfg *rest.Config, ns string) (*Finished, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -39,7 +39,7 @@ func watchFinished(ctx context.Context, cfg *rest.Config, ns string) (*finished,
 			return pods.Watch(ctx, o)
 		},
 	}, &corev1.Pod{}, 0, toolscache.Indexers{})
-	f := &finished{uid: map[types.UID]config.Count{}}
+	f := &Finished{uid: map[types.UID]config.Count{}}
 	_, err = informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { f.record(obj, false) },
 		UpdateFunc: func(_, obj any) { f.record(obj, false) },
@@ -53,7 +53,7 @@ func watchFinished(ctx context.Context, cfg *rest.Config, ns string) (*finished,
 	return f, nil
 }
 
-func (f *finished) record(obj any, deleted bool) {
+func (f *Finished) record(obj any, deleted bool) {
 	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
@@ -76,8 +76,8 @@ func (f *finished) record(obj any, deleted bool) {
 	}
 }
 
-// totals returns how many pods finished in each total.
-func (f *finished) totals() map[config.Count]int64 {
+// Totals returns how many pods finished in each total.
+func (f *Finished) Totals() map[config.Count]int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := map[config.Count]int64{config.CompletedTotal: 0, config.UnexpectedTotal: 0}

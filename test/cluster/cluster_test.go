@@ -73,9 +73,10 @@ func TestRealCluster(t *testing.T) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
 
-	// Installed with two counts; the upgrade maps all four.
+	// Installed with two counts; the upgrade maps all four and the totals
+	// (the aggregator then gives the running pods the tracking finalizer).
 	values := filepath.Join(t.TempDir(), "values.yaml")
-	initial := strings.Replace(demo.ClusterValues, "counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected}",
+	initial := strings.Replace(demo.ClusterValues, "counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected, completedTotal: status.completedTotal, unexpectedTotal: status.unexpectedTotal}\n    ledger: status.tallyLedger",
 		"counts: {completing: status.completing, active: status.active}", 1)
 	require.NotEqual(t, demo.ClusterValues, initial)
 	require.NoError(t, os.WriteFile(values, []byte(initial), 0o644))
@@ -141,6 +142,83 @@ func TestRealCluster(t *testing.T) {
 		require.True(t, ok, "the pools did not settle with tally's counts equal to a fresh List:%s", last)
 		t.Logf("settled:%s", last)
 		fig.add("quiescence after the scenario: %v", time.Since(start).Round(100*time.Millisecond))
+	})
+
+	t.Run("the totals were opted in by the upgrade: live pods tracked, ledgers folded", func(t *testing.T) {
+		ok := poll(time.Minute, func() bool {
+			var pods corev1.PodList
+			if c.List(ctx, &pods, client.InNamespace(ns)) != nil {
+				return false
+			}
+			for _, p := range pods.Items {
+				live := p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+				if live && !slices.Contains(p.Finalizers, keys.TrackingFinalizer) {
+					return false
+				}
+			}
+			for _, name := range append(pools, "burst") {
+				pool := builder.WorkerPool(ns, name, 0)
+				if c.Get(ctx, client.ObjectKeyFromObject(pool), pool) != nil {
+					return false
+				}
+				for _, list := range []string{"completed", "unexpected"} {
+					if l, _, _ := unstructured.NestedSlice(pool.Object, "status", "tallyLedger", list); len(l) > 0 {
+						return false
+					}
+				}
+				total, _, _ := unstructured.NestedInt64(pool.Object, "status", "unexpectedTotal")
+				t.Logf("%s: unexpectedTotal %d (pods that crashed or were deleted since the upgrade)", name, total)
+			}
+			return true
+		})
+		require.True(t, ok, "live pods without %s, or a ledger not folded, a minute after quiescence", keys.TrackingFinalizer)
+	})
+
+	t.Run("totals equal the pods seen finishing, on real pods", func(t *testing.T) {
+		const totalsNS = "e2e-totals"
+		require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: totalsNS}}))
+		wctx, stopWatch := context.WithCancel(ctx)
+		defer stopWatch()
+		seen, err := demo.WatchFinished(wctx, cfg, totalsNS)
+		require.NoError(t, err)
+		pool := builder.WorkerPool(totalsNS, "delta", 6)
+		require.NoError(t, c.Create(ctx, pool))
+		running := func() []corev1.Pod {
+			var pods corev1.PodList
+			require.NoError(t, c.List(ctx, &pods, client.InNamespace(totalsNS)))
+			var out []corev1.Pod
+			for _, p := range pods.Items {
+				if _, marked := p.Annotations[keys.CompletionIntent]; !marked && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+					out = append(out, p)
+				}
+			}
+			return out
+		}
+		require.True(t, poll(2*time.Minute, func() bool { return len(running()) >= 6 }), "delta never ran 6 pods")
+		// Three deleted by hand (unexpected), then a scale-down that marks
+		// the surplus (completed: as many as run beside the replacements
+		// then); crashing workers add to unexpected.
+		for _, p := range running()[:3] {
+			require.NoError(t, client.IgnoreNotFound(c.Delete(ctx, &p)))
+		}
+		require.NoError(t, c.Patch(ctx, pool, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":3}}`))))
+		var last string
+		ok := poll(3*time.Minute, func() bool {
+			if c.Get(ctx, client.ObjectKeyFromObject(pool), pool) != nil {
+				return false
+			}
+			want := seen.Totals()
+			completed, _, _ := unstructured.NestedInt64(pool.Object, "status", "completedTotal")
+			unexpected, _, _ := unstructured.NestedInt64(pool.Object, "status", "unexpectedTotal")
+			last = fmt.Sprintf("tally: completedTotal %d unexpectedTotal %d; seen finishing: %d and %d", completed, unexpected,
+				want[config.CompletedTotal], want[config.UnexpectedTotal])
+			settled, _, err := snapshotIn(ctx, c, totalsNS, "delta")
+			return err == nil && settled && completed == want[config.CompletedTotal] && unexpected == want[config.UnexpectedTotal] &&
+				completed >= 1 && unexpected >= 3
+		})
+		require.True(t, ok, "the totals never equalled the pods seen finishing: %s", last)
+		t.Log(last)
+		require.NoError(t, c.Delete(ctx, pool))
 	})
 
 	t.Run("kubectl tally doctor and explain on a healthy install", func(t *testing.T) {
@@ -371,6 +449,11 @@ func containerPID(uid types.UID, exe string) (int, error) {
 // pool runs what it wants, nothing is starting or finishing, and every
 // count equals the truth.
 func snapshot(ctx context.Context, c client.Client, name string) (bool, string, error) {
+	return snapshotIn(ctx, c, ns, name)
+}
+
+// snapshotIn is snapshot for the pool name of namespace ns.
+func snapshotIn(ctx context.Context, c client.Client, ns, name string) (bool, string, error) {
 	pool := builder.WorkerPool(ns, name, 0)
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
 		return false, "", err
