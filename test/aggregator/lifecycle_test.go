@@ -62,6 +62,13 @@ func installCRD(t *testing.T, c *apiextensionsv1.CustomResourceDefinition) {
 	require.NoError(t, env.Client.Create(context.Background(), c))
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), c) })
 	waitEstablished(t, c.Name)
+	// Established comes before the API server's discovery shows the kind:
+	// wait until the client can map it.
+	gk := schema.GroupKind{Group: c.Spec.Group, Kind: c.Spec.Names.Kind}
+	require.True(t, waitFor(30*time.Second, func() bool {
+		_, err := env.Client.RESTMapper().RESTMapping(gk, c.Spec.Versions[0].Name)
+		return err == nil
+	}), "the client never mapped %s", gk)
 }
 
 func waitEstablished(t *testing.T, name string) {
