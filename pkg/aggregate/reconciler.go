@@ -104,7 +104,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	pods := Members(parent.GetNamespace(), parent.GetUID(), all)
 	counts := Tally(parent.GetNamespace(), parent.GetUID(), pods)
 	if r.ledger == nil {
-		return r.applyCounts(ctx, parent, counts, nil, r.untracked(pods))
+		return r.applyCounts(ctx, parent, counts, nil, false, r.untracked(pods))
 	}
 
 	book, err := ReadBook(parent.Object, r.ledger, r.fields)
@@ -123,11 +123,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		step = Advance(pods, book, has, live)
 	}
 	counts.CompletedTotal, counts.UnexpectedTotal = step.Book.CompletedTotal, step.Book.UnexpectedTotal
-	var next *Book
-	if !step.Book.Equal(&book) {
-		next = &step.Book
-	}
-	result, err := r.applyCounts(ctx, parent, counts, next, nil)
+	result, err := r.applyCounts(ctx, parent, counts, &step.Book, !step.Book.Equal(&book), nil)
 	if err != nil || result.RequeueAfter > 0 {
 		// The ledger holding the pods to release is not written.
 		return result, err
@@ -182,11 +178,11 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedNa
 
 func (r *Reconciler) mayWrite() bool { return r.MayWrite == nil || r.MayWrite() }
 
-// applyCounts writes the counts (and next, the ledger and totals, when not
-// nil) when they differ from what the parent shows, then removes the
-// finalizer of the pods in orphaned.
-func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, next *Book, orphaned []*Pod) (reconcile.Result, error) {
-	if next == nil && !r.differs(parent, counts) {
+// applyCounts writes the counts (and book, the ledger and totals, for a
+// kind with totals) when they differ from what the parent shows (bookChanged
+// for the ledger), then removes the finalizer of the pods in orphaned.
+func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, book *Book, bookChanged bool, orphaned []*Pod) (reconcile.Result, error) {
+	if !bookChanged && !r.differs(parent, counts) {
 		r.skipped.Inc()
 	} else {
 		if !r.mayWrite() {
@@ -195,7 +191,7 @@ func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstr
 			r.fenced.Inc()
 			return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 		}
-		if result, err := r.apply(ctx, parent, counts, next); err != nil || result.RequeueAfter > 0 {
+		if result, err := r.apply(ctx, parent, counts, book); err != nil || result.RequeueAfter > 0 {
 			return result, err
 		}
 	}
@@ -242,7 +238,7 @@ const conflictRequeue = time.Second
 // a writer whose cache is behind (a deposed leader) gets a conflict instead
 // of overwriting newer counts. (A UID in an apply is not a precondition: the
 // API server ignores it.)
-func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, counts Counts, next *Book) (reconcile.Result, error) {
+func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, counts Counts, book *Book) (reconcile.Result, error) {
 	key := client.ObjectKeyFromObject(parent)
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": r.gvk.GroupVersion().String(),
@@ -256,17 +252,10 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
 		}
 	}
-	if r.ledger != nil {
-		if next == nil {
-			// Unchanged, but applied again: an apply that leaves out a
-			// field this manager owns removes it.
-			book, err := ReadBook(parent.Object, r.ledger, r.fields)
-			if err != nil {
-				return reconcile.Result{}, fmt.Errorf("reading the ledger of %s %s: %w", r.kind, key, err)
-			}
-			next = &book
-		}
-		if err := unstructured.SetNestedField(obj.Object, next.LedgerValue(), r.ledger...); err != nil {
+	if book != nil {
+		// The whole ledger, changed or not: an apply that leaves out a
+		// field this manager owns removes it.
+		if err := unstructured.SetNestedField(obj.Object, book.LedgerValue(), r.ledger...); err != nil {
 			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
 		}
 	}
@@ -279,7 +268,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		kindProblems.DeleteLabelValues(r.kind, "field-not-in-schema")
 		kindProblems.DeleteLabelValues(r.kind, "status-not-found")
 		if log := log.FromContext(ctx).V(1); log.Enabled() {
-			log.Info("Applied counts", "counts", counts, "ledger", next != nil)
+			log.Info("Applied counts", "counts", counts, "ledger", book != nil)
 		}
 		return reconcile.Result{}, nil
 	case apierrors.IsConflict(err):
