@@ -116,7 +116,7 @@ func TestRealCluster(t *testing.T) {
 			"-f", values, "--wait", "--timeout", "3m")
 		require.NoError(t, err)
 		for _, d := range []string{"webhook", "aggregator"} {
-			require.NoError(t, demo.WaitDeploymentReady(ctx, c, framework.ReleaseNamespace, framework.Release+"-"+d, 2*time.Minute))
+			waitReady(ctx, t, c, framework.Release+"-"+d)
 		}
 		fig.add("helm upgrade (config changed, both Deployments rolled): %v", time.Since(start).Round(100*time.Millisecond))
 	})
@@ -373,11 +373,11 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 	victim := pods.Items[0]
 	require.NoError(t, c.Delete(ctx, &victim))
 	wg.Wait()
-	require.NoError(t, demo.WaitDeploymentReady(ctx, c, framework.ReleaseNamespace, framework.Release+"-webhook", 2*time.Minute))
 	slices.Sort(latencies)
 	fig.add("webhook pod %s deleted during creates from 4 clients: %d of %d creates failed; create p50 %v, p99 %v",
 		victim.Name, failed.Load(), created.Load()+failed.Load(),
 		latencies[len(latencies)/2].Round(time.Millisecond), latencies[len(latencies)*99/100].Round(time.Millisecond))
+	waitReady(ctx, t, c, framework.Release+"-webhook")
 	assert.Zero(t, failed.Load(), "pod creates failed while a webhook pod went away (first: %v)", firstErr.Load())
 	assert.Positive(t, created.Load())
 }
@@ -408,7 +408,65 @@ func aggregatorKilled(ctx context.Context, t *testing.T, c client.Client, fig *f
 	require.True(t, poll(2*time.Minute, func() bool {
 		return c.Get(ctx, client.ObjectKeyFromObject(&pod), &pod) == nil && restartCount(&pod) > restarts && podReady(&pod)
 	}), "the killed aggregator was not restarted")
-	require.NoError(t, demo.WaitDeploymentReady(ctx, c, framework.ReleaseNamespace, framework.Release+"-aggregator", 2*time.Minute))
+	waitReady(ctx, t, c, framework.Release+"-aggregator")
+}
+
+// waitReady waits until one of tally's Deployments is rolled out; when it is
+// not, it fails with what its pods wait for and how busy the node is.
+func waitReady(ctx context.Context, t *testing.T, c client.Client, name string) {
+	t.Helper()
+	err := demo.WaitDeploymentReady(ctx, c, framework.ReleaseNamespace, name, 2*time.Minute)
+	if err == nil {
+		return
+	}
+	var lines []string
+	var pods corev1.PodList
+	if c.List(ctx, &pods, client.InNamespace(framework.ReleaseNamespace)) == nil {
+		for _, p := range pods.Items {
+			if strings.HasPrefix(p.Name, name+"-") {
+				lines = append(lines, describePod(&p))
+			}
+		}
+	}
+	var events corev1.EventList
+	if c.List(ctx, &events, client.InNamespace(framework.ReleaseNamespace)) == nil {
+		for _, e := range events.Items {
+			if e.Type == corev1.EventTypeWarning && strings.HasPrefix(e.InvolvedObject.Name, name+"-") {
+				lines = append(lines, fmt.Sprintf("event %s %s: %s", e.InvolvedObject.Name, e.Reason, e.Message))
+			}
+		}
+	}
+	phases := map[corev1.PodPhase]int{}
+	if c.List(ctx, &pods) == nil {
+		for _, p := range pods.Items {
+			phases[p.Status.Phase]++
+		}
+	}
+	lines = append(lines, fmt.Sprintf("pods on the node by phase: %v", phases))
+	require.NoError(t, err, "%s", strings.Join(lines, "\n"))
+}
+
+// describePod says where a pod is in its start: phase, conditions not
+// true, and why each container waits or ended.
+func describePod(p *corev1.Pod) string {
+	parts := []string{fmt.Sprintf("pod %s: %s node=%q deleting=%t", p.Name, p.Status.Phase, p.Spec.NodeName, p.DeletionTimestamp != nil)}
+	for _, cond := range p.Status.Conditions {
+		if cond.Status != corev1.ConditionTrue {
+			parts = append(parts, fmt.Sprintf("%s=%s (%s %s)", cond.Type, cond.Status, cond.Reason, cond.Message))
+		}
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		switch {
+		case s.State.Waiting != nil:
+			parts = append(parts, fmt.Sprintf("%s waiting: %s %s", s.Name, s.State.Waiting.Reason, s.State.Waiting.Message))
+		case s.State.Terminated != nil:
+			parts = append(parts, fmt.Sprintf("%s terminated: %s exit %d", s.Name, s.State.Terminated.Reason, s.State.Terminated.ExitCode))
+		}
+		if s.RestartCount > 0 {
+			parts = append(parts, fmt.Sprintf("%s restarts %d", s.Name, s.RestartCount))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 func restartCount(pod *corev1.Pod) int32 {
