@@ -332,6 +332,12 @@ func churn(ctx context.Context, t *testing.T, c client.Client, pools []string) f
 
 // webhookPodDeleted creates burst's pods from 4 clients for 15 s and deletes
 // one webhook pod 3 s in: no create may fail.
+//
+// The pods carry a scheduling gate: what is measured is admission, and the
+// one node must stay free to start the webhook's replacement pod. Run by
+// the kubelet, the 250-odd pods of the burst kept a 2-core node busy for
+// minutes (load average near 50) and the replacement in ContainerCreating
+// past the rollout's deadline. The operator deletes them as surplus.
 func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *figures) {
 	burst := builder.WorkerPool(ns, "burst", 0)
 	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(burst), burst))
@@ -349,7 +355,11 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 						APIVersion: builder.WorkerPoolGVK.GroupVersion().String(), Kind: builder.WorkerPoolGVK.Kind,
 						Name: burst.GetName(), UID: burst.GetUID(), Controller: ptr.To(true),
 					}}},
-					Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "worker", Image: demo.WorkerImage}}},
+					Spec: corev1.PodSpec{
+						RestartPolicy:   corev1.RestartPolicyNever,
+						SchedulingGates: []corev1.PodSchedulingGate{{Name: "tally.dev/e2e-admission-only"}},
+						Containers:      []corev1.Container{{Name: "worker", Image: demo.WorkerImage}},
+					},
 				}
 				start := time.Now()
 				err := c.Create(ctx, pod)
