@@ -230,7 +230,7 @@ func TestExplainAndDoctor(t *testing.T) {
 		assert.Equal(t, app.ExitOK, code, out)
 		assert.NotContains(t, out, "FAIL")
 		for _, check := range []string{"config", "webhook registration", "webhook endpoints", "webhook certificate", "aggregator lease",
-			"parent kind WorkerPool.example.tally.dev", "admission policies", "permissions"} {
+			"parent kind WorkerPool.example.tally.dev", "tracking finalizers", "admission policies", "permissions"} {
 			assert.Contains(t, out, "OK    "+check+": ")
 		}
 	})
@@ -294,6 +294,23 @@ func TestExplainAndDoctor(t *testing.T) {
 				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: crd.Name}, &crd))
 				crd.Spec.Versions = good.Spec.Versions
 				require.NoError(t, env.Client.Update(ctx, &crd))
+			}
+		}},
+		{"pod finished long ago still held by the tracking finalizer", "tracking finalizers", func(t *testing.T) func() {
+			// Carrying the finalizer without tally's labels, it is no pod
+			// the aggregator watches: nothing releases it.
+			pod := builder.Pod(pool, "stuck").Finalizer(keys.TrackingFinalizer).Build()
+			require.NoError(t, env.Client.Create(ctx, pod))
+			pod.Status = corev1.PodStatus{Phase: corev1.PodSucceeded, ContainerStatuses: []corev1.ContainerStatus{{
+				Name: "worker", Image: pod.Spec.Containers[0].Image,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+					FinishedAt: metav1.NewTime(time.Now().Add(-10 * time.Minute)), StartedAt: metav1.NewTime(time.Now().Add(-time.Hour)),
+				}},
+			}}}
+			require.NoError(t, env.Client.Status().Update(ctx, pod))
+			return func() {
+				require.NoError(t, env.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))))
+				require.NoError(t, env.Client.Delete(ctx, pod))
 			}
 		}},
 		{"aggregator stopped", "aggregator lease", func(t *testing.T) func() {

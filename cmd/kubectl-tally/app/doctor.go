@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,6 +30,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
 )
 
@@ -53,6 +55,11 @@ const (
 // lease duration.
 const leaseStale = 30 * time.Second
 
+// trackingStuck is how long a finished pod may keep the tracking finalizer:
+// the aggregator releases it seconds after it finished (a leader failover
+// or a burst held back by the client's QPS takes well under a minute).
+const trackingStuck = 2 * time.Minute
+
 func newDoctorCommand(o *options) *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
@@ -60,7 +67,8 @@ func newDoctorCommand(o *options) *cobra.Command {
 		Short: "Check a tally installation end to end, with a fix for each problem",
 		Long: `Check a tally installation end to end: its configuration, the webhook's registration, certificate and
 endpoints, the aggregator's lease, each parent kind (served, status subresource, every mapped field in the
-CRD's schema), the admission policies, and the permissions of both service accounts.`,
+CRD's schema), finished pods held by the tracking finalizer, the admission policies, and the permissions of
+both service accounts.`,
 		Example: `  kubectl tally doctor
   kubectl tally doctor --release tally --tally-namespace tally-system -o json`,
 		Args: cobra.NoArgs,
@@ -118,6 +126,7 @@ func (o *options) doctor(ctx context.Context) ([]Check, error) {
 			d.add(d.checkKind(ctx, p))
 		}
 	}
+	d.add(d.checkTracking(ctx))
 	d.add(d.checkPolicies(ctx))
 	d.add(d.checkPermissions(ctx, cfg))
 	return d.checks, nil
@@ -457,6 +466,82 @@ func declared(crd *unstructured.Unstructured, version string, path []string) boo
 		return true
 	}
 	return false
+}
+
+// checkTracking looks for finished pods that still carry the tracking
+// finalizer trackingStuck after they finished: their deletion waits on
+// tally.
+func (d *doctor) checkTracking(ctx context.Context) Check {
+	const name = "tracking finalizers"
+	now := time.Now()
+	var carrying int
+	var stuck, namespaces []string
+	opts := metav1.ListOptions{Limit: 500}
+	for {
+		list, err := d.cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
+		if apierrors.IsForbidden(err) {
+			return skip(name, "this user may not list the pods of every namespace")
+		}
+		if err != nil {
+			return fail(name, "", "listing pods: %v", err)
+		}
+		for i := range list.Items {
+			pod := &list.Items[i]
+			if !slices.Contains(pod.Finalizers, keys.TrackingFinalizer) {
+				continue
+			}
+			carrying++
+			if at, ok := finishedAt(pod); ok && now.Sub(at) > trackingStuck {
+				stuck = append(stuck, fmt.Sprintf("%s/%s (%v)", pod.Namespace, pod.Name, now.Sub(at).Round(time.Second)))
+				if !slices.Contains(namespaces, pod.Namespace) {
+					namespaces = append(namespaces, pod.Namespace)
+				}
+			}
+		}
+		if list.Continue == "" {
+			break
+		}
+		opts.Continue = list.Continue
+	}
+	if len(stuck) > 0 {
+		shown := stuck[:min(len(stuck), 5)]
+		more := ""
+		if len(stuck) > len(shown) {
+			more = fmt.Sprintf(" and %d more", len(stuck)-len(shown))
+		}
+		fix := fmt.Sprintf("the aggregator releases a finished pod once it has recorded it: read its logs (kubectl -n %s logs -l app.kubernetes.io/component=aggregator); "+
+			"for pods of no tracked parent, or after uninstalling: kubectl tally finalizers remove -n NAMESPACE (%s)", d.tallyNamespace, strings.Join(namespaces, ", "))
+		return fail(name, fix, "%d finished pod(s) still carry %s more than %v after they finished (their deletion waits on it): %s%s",
+			len(stuck), keys.TrackingFinalizer, trackingStuck, strings.Join(shown, ", "), more)
+	}
+	return ok(name, "%d pod(s) carry %s; none finished more than %v ago", carrying, keys.TrackingFinalizer, trackingStuck)
+}
+
+// finishedAt is when a pod finished: its deletion was asked for, or (a
+// terminal pod) its last container ended. A terminal pod without container
+// states finished when its conditions last changed.
+func finishedAt(pod *corev1.Pod) (time.Time, bool) {
+	if pod.DeletionTimestamp != nil {
+		grace := time.Duration(ptr.Deref(pod.DeletionGracePeriodSeconds, 0)) * time.Second
+		return pod.DeletionTimestamp.Add(-grace), true
+	}
+	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		return time.Time{}, false
+	}
+	var at time.Time
+	for _, s := range slices.Concat(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses) {
+		if t := s.State.Terminated; t != nil && t.FinishedAt.After(at) {
+			at = t.FinishedAt.Time
+		}
+	}
+	if at.IsZero() {
+		for _, c := range pod.Status.Conditions {
+			if c.LastTransitionTime.After(at) {
+				at = c.LastTransitionTime.Time
+			}
+		}
+	}
+	return at, !at.IsZero()
 }
 
 // checkPolicies checks that the chart's ValidatingAdmissionPolicies are
