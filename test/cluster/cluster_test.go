@@ -230,6 +230,7 @@ func TestRealCluster(t *testing.T) {
 		t.Logf("kubectl tally doctor:\n%s%s", out.String(), errOut.String())
 		assert.Equal(t, app.ExitOK, code)
 		assert.Contains(t, out.String(), "OK    webhook certificate: the caBundle verifies the certificate served for tally-webhook.tally-system.svc")
+		assert.Contains(t, out.String(), "OK    tracking finalizers: ")
 		out.Reset()
 		code = app.Main([]string{"--kubeconfig", kubeconfig, "--tally-namespace", framework.ReleaseNamespace, "-n", ns, "explain", "workerpool/alpha"}, streams)
 		t.Logf("kubectl tally explain workerpool/alpha:\n%s%s", out.String(), errOut.String())
