@@ -195,12 +195,15 @@ func TestRealCluster(t *testing.T) {
 			return out
 		}
 		require.True(t, poll(2*time.Minute, func() bool { return len(running()) >= 6 }), "delta never ran 6 pods")
-		// Three deleted by hand (unexpected), then a scale-down that marks
-		// the surplus (completed: as many as run beside the replacements
-		// then); crashing workers add to unexpected.
+		// Three deleted by hand (unexpected); once their replacements run,
+		// a scale-down marks three (completed); crashing workers add to
+		// unexpected. Scaling down before the operator has seen the
+		// deletions would leave it no surplus to mark.
 		for _, p := range running()[:3] {
 			require.NoError(t, client.IgnoreNotFound(c.Delete(ctx, &p)))
 		}
+		// running() leaves out pods being deleted.
+		require.True(t, poll(2*time.Minute, func() bool { return len(running()) >= 6 }), "delta did not replace the deleted pods")
 		require.NoError(t, c.Patch(ctx, pool, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":3}}`))))
 		var last string
 		ok := poll(3*time.Minute, func() bool {
