@@ -476,32 +476,21 @@ func (d *doctor) checkTracking(ctx context.Context) Check {
 	now := time.Now()
 	var carrying int
 	var stuck, namespaces []string
-	opts := metav1.ListOptions{Limit: 500}
-	for {
-		list, err := d.cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
-		if apierrors.IsForbidden(err) {
-			return skip(name, "this user may not list the pods of every namespace")
-		}
-		if err != nil {
-			return fail(name, "", "listing pods: %v", err)
-		}
-		for i := range list.Items {
-			pod := &list.Items[i]
-			if !slices.Contains(pod.Finalizers, keys.TrackingFinalizer) {
-				continue
-			}
-			carrying++
-			if at, ok := finishedAt(pod); ok && now.Sub(at) > trackingStuck {
-				stuck = append(stuck, fmt.Sprintf("%s/%s (%v)", pod.Namespace, pod.Name, now.Sub(at).Round(time.Second)))
-				if !slices.Contains(namespaces, pod.Namespace) {
-					namespaces = append(namespaces, pod.Namespace)
-				}
+	err := eachTracked(ctx, d.cs, metav1.NamespaceAll, func(pod *corev1.Pod) error {
+		carrying++
+		if at, ok := finishedAt(pod); ok && now.Sub(at) > trackingStuck {
+			stuck = append(stuck, fmt.Sprintf("%s/%s (%v)", pod.Namespace, pod.Name, now.Sub(at).Round(time.Second)))
+			if !slices.Contains(namespaces, pod.Namespace) {
+				namespaces = append(namespaces, pod.Namespace)
 			}
 		}
-		if list.Continue == "" {
-			break
-		}
-		opts.Continue = list.Continue
+		return nil
+	})
+	if apierrors.IsForbidden(err) {
+		return skip(name, "this user may not list the pods of every namespace")
+	}
+	if err != nil {
+		return fail(name, "", "%v", err)
 	}
 	if len(stuck) > 0 {
 		shown := stuck[:min(len(stuck), 5)]

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -57,32 +58,22 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun bo
 			o.tallyNamespace, o.configMapName())
 	}
 	var found, removed int
-	opts := metav1.ListOptions{Limit: 500}
-	for {
-		list, err := cs.CoreV1().Pods(ns).List(ctx, opts)
-		if err != nil {
-			return fmt.Errorf("listing pods: %w", err)
+	err = eachTracked(ctx, cs, ns, func(pod *corev1.Pod) error {
+		found++
+		if dryRun {
+			fmt.Fprintf(o.streams.Out, "pod/%s -n %s carries %s\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
+			return nil
 		}
-		for _, pod := range list.Items {
-			if !slices.Contains(pod.Finalizers, keys.TrackingFinalizer) {
-				continue
-			}
-			found++
-			if dryRun {
-				fmt.Fprintf(o.streams.Out, "pod/%s -n %s carries %s\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
-				continue
-			}
-			_, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, aggregate.ReleasePatch, metav1.PatchOptions{})
-			if err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("removing %s from pod %s/%s: %w", keys.TrackingFinalizer, pod.Namespace, pod.Name, err)
-			}
-			removed++
-			fmt.Fprintf(o.streams.Out, "pod/%s -n %s: %s removed\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
+		_, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, aggregate.ReleasePatch, metav1.PatchOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("removing %s from pod %s/%s: %w", keys.TrackingFinalizer, pod.Namespace, pod.Name, err)
 		}
-		if list.Continue == "" {
-			break
-		}
-		opts.Continue = list.Continue
+		removed++
+		fmt.Fprintf(o.streams.Out, "pod/%s -n %s: %s removed\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if dryRun {
 		fmt.Fprintf(o.streams.Out, "%d pod(s) carry %s (dry run: nothing changed)\n", found, keys.TrackingFinalizer)
@@ -90,6 +81,30 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun bo
 		fmt.Fprintf(o.streams.Out, "%d pod(s) released\n", removed)
 	}
 	return nil
+}
+
+// eachTracked calls fn for each pod of namespace ns (every namespace when
+// empty) that carries the tracking finalizer, listing 500 pods at a time.
+func eachTracked(ctx context.Context, cs kubernetes.Interface, ns string, fn func(*corev1.Pod) error) error {
+	opts := metav1.ListOptions{Limit: 500}
+	for {
+		list, err := cs.CoreV1().Pods(ns).List(ctx, opts)
+		if err != nil {
+			return fmt.Errorf("listing pods: %w", err)
+		}
+		for i := range list.Items {
+			if !slices.Contains(list.Items[i].Finalizers, keys.TrackingFinalizer) {
+				continue
+			}
+			if err := fn(&list.Items[i]); err != nil {
+				return err
+			}
+		}
+		if list.Continue == "" {
+			return nil
+		}
+		opts.Continue = list.Continue
+	}
 }
 
 // installed reports whether tally's ConfigMap is still there.
