@@ -2,6 +2,7 @@ package mutate
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	jsonv2 "github.com/go-json-experiment/json"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/semaphore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -28,24 +28,46 @@ const Path = "/mutate-pods"
 // info, options) of a few KiB.
 const MaxBodyBytes = 2*(3<<20) + 256<<10
 
-// BodyBudget bounds the memory all requests' bodies may hold at once. A
-// body is read as its bytes arrive (an announced length reserves nothing),
-// in chunks that reserve their share of the budget first: clients that send
-// large bodies slowly wait for each other instead of exhausting memory.
-const BodyBudget = 64 << 20
+// WedgedAfter is how long reviews may wait with none answered, or a class of
+// bodies refuse every request for memory while none of it is freed, before
+// Healthy reports the admission path wedged. It is longer than any review
+// takes: the server gives a request at most 20 s.
+const WedgedAfter = 30 * time.Second
 
-// bodyChunk is the unit a body is read and reserved in; a typical review
-// (a few KiB) takes one.
-const bodyChunk = 16 << 10
+// wedgedAfter is WedgedAfter, except in builds with the tallyfault tag.
+var wedgedAfter = WedgedAfter
 
-var admissions = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "tally_webhook_admissions_total",
-	Help: "Pod admission requests answered by the tally webhook, by operation and result (unchanged, patched, denied, error, ignored, unavailable).",
-}, []string{"operation", "result"})
+// BodyDeadline is how long a body of n bytes may take to arrive: 2 s, plus
+// a second per MiB. The API server sends a review it holds in memory at once;
+// a client that trickles its body loses its connection, and its reservation,
+// within seconds.
+func BodyDeadline(n int64) time.Duration {
+	return 2*time.Second + time.Duration(n)*time.Second/(1<<20)
+}
+
+var (
+	admissions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_webhook_admissions_total",
+		Help: "Pod admission requests answered by the tally webhook, by operation and result (unchanged, patched, denied, error, ignored, unavailable).",
+	}, []string{"operation", "result"})
+	memoryRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_webhook_memory_refused_total",
+		Help: "Requests refused (HTTP 503) because their body's class of memory stayed full for the whole wait, by class (small, medium, large).",
+	}, []string{"class"})
+	memoryWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tally_webhook_memory_wait_seconds",
+		Help:    "Time requests waited for their body's memory, by class; requests that got it at once are not observed.",
+		Buckets: []float64{0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1},
+	}, []string{"class"})
+)
 
 func init() {
-	metrics.Registry.MustRegister(admissions)
+	metrics.Registry.MustRegister(admissions, memoryRefused, memoryWait)
 }
+
+// fault is nil, except in builds with the tallyfault tag (the hostile
+// suite's), where it can hold reviews to wedge the admission path.
+var fault func(context.Context)
 
 // Handler is the HTTP adapter around a Mutator: it decodes an AdmissionReview
 // in one pass, reading only the pods' metadata, asks the Mutator, and
@@ -54,14 +76,20 @@ type Handler struct {
 	mutator *Mutator
 	log     logr.Logger
 	now     func() time.Time
-	budget  *semaphore.Weighted
+	budget  *budget
+
+	mu sync.Mutex
+	// deciding counts the reviews read whole and not yet answered; waitFrom
+	// is when the last was answered, or when deciding became non-zero.
+	deciding int
+	waitFrom time.Time
 }
 
 var _ http.Handler = (*Handler)(nil)
 
 // NewHandler returns a Handler for m that logs to log.
 func NewHandler(m *Mutator, log logr.Logger) *Handler {
-	return &Handler{mutator: m, log: log, now: time.Now, budget: semaphore.NewWeighted(BodyBudget)}
+	return &Handler{mutator: m, log: log, now: time.Now, budget: newBudget(MemoryWait)}
 }
 
 // review is an AdmissionReview, decoded only as deep as the webhook reads.
@@ -105,9 +133,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	var rev review
-	var reserved int64
-	resp, op := h.answer(r, buf, &rev, &reserved)
-	h.budget.Release(reserved)
+	var held reservation
+	resp, op := h.answer(w, r, buf, &rev, &held)
+	held.release()
 	admissions.WithLabelValues(operationLabel(op), resp.result).Inc()
 
 	if resp.unavailable {
@@ -135,10 +163,28 @@ func operationLabel(op string) string {
 	return "unknown"
 }
 
-func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review, reserved *int64) (response, string) {
-	if err := h.readBody(r, buf, reserved); err != nil {
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, buf *bytes.Buffer, rev *review, held *reservation) (response, string) {
+	if err := h.checkRequest(r); err != nil {
 		h.log.Info("Rejecting unreadable admission request", "error", err.Error())
 		return errored("", err), ""
+	}
+	res, _, err := h.budget.reserve(r.Context(), r.ContentLength, h.now)
+	if err != nil {
+		h.log.Info("Refusing a request: no memory for its body", "remote", r.RemoteAddr, "contentLength", r.ContentLength, "error", err.Error())
+		return unavailable(err.Error()), ""
+	}
+	*held = res
+	// Errors mean the server cannot set deadlines (tests): its own
+	// ReadTimeout still applies.
+	_ = http.NewResponseController(w).SetReadDeadline(h.now().Add(BodyDeadline(res.bytes)))
+	if err := readBody(r, buf, res.bytes); err != nil {
+		h.log.Info("Rejecting unreadable admission request", "remote", r.RemoteAddr, "error", err.Error())
+		return errored("", err), ""
+	}
+	h.startDeciding()
+	defer h.doneDeciding()
+	if fault != nil {
+		fault(r.Context())
 	}
 	// One pass over the body that keeps only the pods' metadata: the rest of
 	// each pod is skipped, not decoded.
@@ -198,10 +244,9 @@ func (h *Handler) answer(r *http.Request, buf *bytes.Buffer, rev *review, reserv
 	return allowed, op
 }
 
-// readBody reads the request's body into buf as its bytes arrive,
-// reserving each chunk from the handler's budget first (adding to
-// *reserved, which the caller releases).
-func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer, reserved *int64) error {
+// checkRequest refuses what cannot be an AdmissionReview before any memory
+// is reserved for its body.
+func (h *Handler) checkRequest(r *http.Request) error {
 	if r.Method != http.MethodPost {
 		return fmt.Errorf("method %s: an AdmissionReview is sent with POST", r.Method)
 	}
@@ -210,34 +255,63 @@ func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer, reserved *int64) 
 			return fmt.Errorf("Content-Type %q: an AdmissionReview is sent as application/json", ct)
 		}
 	}
-	if r.Body == nil {
+	if r.Body == nil || r.ContentLength == 0 {
 		return errors.New("empty body: expected an AdmissionReview")
 	}
 	if r.ContentLength > MaxBodyBytes {
 		return fmt.Errorf("body of %d bytes exceeds the limit of %d bytes", r.ContentLength, MaxBodyBytes)
 	}
-	body := io.LimitReader(r.Body, MaxBodyBytes+1)
-	for {
-		if err := h.budget.Acquire(r.Context(), bodyChunk); err != nil {
-			return fmt.Errorf("waiting for memory to read the body: %w", err)
-		}
-		*reserved += bodyChunk
-		buf.Grow(bodyChunk)
-		chunk := buf.AvailableBuffer()[:bodyChunk]
-		n, err := io.ReadFull(body, chunk)
-		buf.Write(chunk[:n])
-		switch {
-		case buf.Len() > MaxBodyBytes:
-			return fmt.Errorf("body exceeds the limit of %d bytes", MaxBodyBytes)
-		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-			if buf.Len() == 0 {
-				return errors.New("empty body: expected an AdmissionReview")
-			}
-			return nil
-		case err != nil:
-			return fmt.Errorf("reading body: %w", err)
-		}
+	return nil
+}
+
+// readBody reads the request's body, of at most limit bytes (its
+// reservation), into buf.
+func readBody(r *http.Request, buf *bytes.Buffer, limit int64) error {
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+	switch {
+	case err != nil:
+		return fmt.Errorf("reading body: %w", err)
+	case n > limit && limit == r.ContentLength:
+		return fmt.Errorf("body longer than its Content-Length of %d bytes", limit)
+	case n > limit:
+		return fmt.Errorf("body exceeds the limit of %d bytes", MaxBodyBytes)
+	case n == 0:
+		return errors.New("empty body: expected an AdmissionReview")
 	}
+	return nil
+}
+
+func (h *Handler) startDeciding() {
+	h.mu.Lock()
+	if h.deciding == 0 {
+		h.waitFrom = h.now()
+	}
+	h.deciding++
+	h.mu.Unlock()
+}
+
+func (h *Handler) doneDeciding() {
+	h.mu.Lock()
+	h.deciding--
+	h.waitFrom = h.now()
+	h.mu.Unlock()
+}
+
+// Healthy reports whether the handler can admit: it fails when reviews have
+// waited with none answered, or a class of bodies has refused every request
+// for memory while none of it was freed, for longer than WedgedAfter, so
+// that the kubelet restarts a wedged replica. Clients
+// that stall their bodies do not make it fail: their reservations are freed
+// within BodyDeadline.
+func (h *Handler) Healthy() error {
+	now, bound := h.now(), wedgedAfter
+	h.mu.Lock()
+	deciding, since := h.deciding, now.Sub(h.waitFrom)
+	h.mu.Unlock()
+	if deciding > 0 && since > bound {
+		return fmt.Errorf("%d admission reviews waiting and none answered for %s", deciding, since.Round(time.Second))
+	}
+	return h.budget.stuck(now, bound)
 }
 
 func validate(rev *review) error {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
@@ -247,3 +249,79 @@ func (f readerFunc) Get(_ context.Context, _ client.ObjectKey, obj client.Object
 }
 
 func (f readerFunc) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
+
+// TestHandlerAnswersWhileLargeBodiesStall: clients that announce large
+// bodies and stall hold the large share; the API server's reviews are still
+// answered, a large body is refused at once with a message, and the handler
+// stays healthy (its memory is busy, not stuck).
+func TestHandlerAnswersWhileLargeBodiesStall(t *testing.T) {
+	h := newTestHandler()
+	var stalled []*io.PipeWriter
+	reading := make(chan struct{}, 16)
+	done := make(chan struct{}, 16)
+	for range largeShare / MaxBodyBytes {
+		pr, pw := io.Pipe()
+		stalled = append(stalled, pw)
+		r := httptest.NewRequest(http.MethodPost, Path, readSignal{pr, reading})
+		r.ContentLength = MaxBodyBytes
+		go func() {
+			h.ServeHTTP(httptest.NewRecorder(), r)
+			done <- struct{}{}
+		}()
+		<-reading
+	}
+
+	resp := serve(t, h, reviewBody(t, admissionv1.Create, realisticPod(), nil))
+	assert.True(t, resp.Allowed)
+	assert.NotEmpty(t, resp.Patch, "a review is answered while the large share is held")
+
+	r := httptest.NewRequest(http.MethodPost, Path, strings.NewReader("{}"))
+	r.ContentLength = 5 << 20
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+	assert.Contains(t, w.Body.String(), "no memory for a body of 5242880 bytes within 500ms: the large bodies' share")
+	require.NoError(t, h.Healthy())
+
+	for _, pw := range stalled {
+		pw.CloseWithError(errors.New("client went away"))
+		<-done
+	}
+	for _, s := range h.budget.classes {
+		require.True(t, s.sem.TryAcquire(s.size), "the %s share is whole again", s.name)
+		s.sem.Release(s.size)
+	}
+}
+
+// readSignal reports its first read.
+type readSignal struct {
+	io.Reader
+	first chan<- struct{}
+}
+
+func (r readSignal) Read(p []byte) (int, error) {
+	if r.first != nil {
+		r.first <- struct{}{}
+	}
+	return r.Reader.Read(p)
+}
+
+func TestHandlerHealthyUnlessReviewsWait(t *testing.T) {
+	h := newTestHandler()
+	now := time.Unix(1000, 0)
+	h.now = func() time.Time { return now }
+	require.NoError(t, h.Healthy())
+	h.startDeciding()
+	now = now.Add(WedgedAfter)
+	require.NoError(t, h.Healthy(), "within the bound")
+	h.startDeciding()
+	now = now.Add(time.Second)
+	require.EqualError(t, h.Healthy(), "2 admission reviews waiting and none answered for 31s")
+	h.doneDeciding()
+	require.NoError(t, h.Healthy(), "one answered: the path moves")
+	now = now.Add(WedgedAfter + time.Second)
+	require.Error(t, h.Healthy(), "the other still waits")
+	h.doneDeciding()
+	now = now.Add(time.Hour)
+	require.NoError(t, h.Healthy(), "nothing waiting")
+}

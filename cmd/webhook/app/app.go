@@ -15,7 +15,6 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"tally.dev/tally/internal/command"
@@ -95,7 +94,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		return err
 	}
 
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+	if err := mgr.AddHealthzCheck("admission", func(*http.Request) error { return handler.Healthy() }); err != nil {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("webhook-server", server.checkStarted); err != nil {

@@ -15,8 +15,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"golang.org/x/net/netutil"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
+
+	"tally.dev/tally/pkg/mutate"
 )
 
 // The serving limits. The API server sends an AdmissionReview promptly,
@@ -36,9 +37,10 @@ const (
 	// hundred bytes.
 	maxHeaderBytes = 64 << 10
 	// maxConnections bounds the open connections: each costs a goroutine
-	// and TLS buffers (about 50 KiB); beyond it, new connections wait in
-	// the kernel's accept queue.
-	maxConnections = 1024
+	// and TLS buffers (about 50 KiB) and may hold a small body (see
+	// mutate.MaxConnections); beyond it, the stalest connection is closed
+	// (connections).
+	maxConnections = mutate.MaxConnections
 )
 
 // server serves the webhook over TLS with the limits above, reloading the
@@ -71,15 +73,15 @@ func (s *server) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ln = tls.NewListener(netutil.LimitListener(ln, maxConnections), &tls.Config{
+	conns := limitConnections(tls.NewListener(ln, &tls.Config{
 		MinVersion:     tls.VersionTLS12,
 		GetCertificate: watcher.GetCertificate,
 		// HTTP/2 is not needed by the API server and widens the attack
 		// surface (stream resets); serve HTTP/1.1 only.
 		NextProtos: []string{"http/1.1"},
-	})
+	}), maxConnections)
 	srv := &http.Server{
-		Handler:           s.handler,
+		Handler:           conns.serving(s.handler),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
@@ -89,6 +91,8 @@ func (s *server) Start(ctx context.Context) error {
 		// thousand from a misbehaving client: debug level.
 		ErrorLog:    stdlog.New(debugWriter{s.log}, "", 0),
 		BaseContext: func(net.Listener) context.Context { return ctx },
+		ConnState:   conns.track,
+		ConnContext: conns.connContext,
 	}
 	done := make(chan struct{})
 	go func() {
@@ -102,7 +106,7 @@ func (s *server) Start(ctx context.Context) error {
 	}()
 	s.log.Info("Serving webhook", "address", s.addr)
 	s.started.Store(true)
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(conns); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	<-done
