@@ -9,6 +9,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/internal/command"
 )
 
@@ -20,6 +21,7 @@ func main() {
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; the pod's own namespace when empty.")
 	flag.StringVar(&opts.LeaderElectionID, "leader-election-id", app.DefaultLeaderElectionID, "Name of the leader election Lease; replicas of one installation must share it, two installations in one namespace must not.")
 	flag.DurationVar(&opts.BackfillInterval, "backfill-interval", app.DefaultBackfillInterval, "Time between two sweeps that stamp the pods the webhook never saw (created before tally, or while the webhook was unreachable); one also runs at start-up, before the first status write.")
+	flag.DurationVar(&opts.TrackingGrace, "tracking-grace", aggregate.DefaultTrackingGrace, "How long a finished pod of a kind with totals may wait to be recorded before its tracking finalizer is removed anyway (it is then missing from the totals, counted in tally_aggregator_tracking_lost_pods_total).")
 	qps := flag.Float64("kube-api-qps", 50, "Requests per second the aggregator may send to the API server (status applies, and pod stamps during a backfill sweep).")
 	flag.IntVar(&opts.Burst, "kube-api-burst", 100, "Requests the aggregator may send to the API server in a burst above --kube-api-qps.")
 	flag.StringVar(&opts.ContentType, "kube-api-content-type", "protobuf", "How pods are read from the API server: protobuf, or json (for a proxy in between that only passes JSON).")

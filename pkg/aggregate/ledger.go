@@ -33,6 +33,17 @@ func (b *Book) Has(uid types.UID) bool {
 	return slices.Contains(b.Completed, uid) || slices.Contains(b.Unexpected, uid)
 }
 
+// Get returns the total named c; 0 for a count that is not a total.
+func (b *Book) Get(c config.Count) int64 {
+	switch c {
+	case config.CompletedTotal:
+		return b.CompletedTotal
+	case config.UnexpectedTotal:
+		return b.UnexpectedTotal
+	}
+	return 0
+}
+
 func (b *Book) size() int { return len(b.Completed) + len(b.Unexpected) }
 
 // Equal reports whether two books hold the same ledger and totals.

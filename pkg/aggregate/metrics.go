@@ -53,8 +53,16 @@ var (
 	}, []string{"result"})
 	trackingFinalizers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_tracking_finalizers_total",
-		Help: "Changes to pods' tally.dev/tracking finalizer, by parent kind and action (added: a pod the webhook did not give it; released: a finished pod, once recorded; orphaned: a pod whose parent is gone or whose kind keeps no totals).",
+		Help: "Changes to pods' tally.dev/tracking finalizer, by parent kind and action (added: a pod the webhook did not give it; released: a finished pod, once recorded; orphaned: a pod whose parent is gone or whose kind keeps no totals; unservable: a pod of a kind whose totals the API server does not serve, released uncounted; lost: a finished pod not recorded within --tracking-grace; restored: a running pod whose finalizer another client removed).",
 	}, []string{"kind", "action"})
+	trackingLost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_tracking_lost_pods_total",
+		Help: "Finished pods released after --tracking-grace without being recorded: they are missing from the totals, by parent kind.",
+	}, []string{"kind"})
+	trackErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_tracking_errors_total",
+		Help: "Tracking finalizers the API server refused to add (forbidden or invalid: a policy or RBAC denial), by parent kind.",
+	}, []string{"kind"})
 	ledgerLiveLists = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_ledger_live_lists_total",
 		Help: "Reads of a parent's pods from the API server, made when the cache alone cannot tell whether a finished pod still carries the tracking finalizer, by parent kind.",
@@ -72,7 +80,7 @@ var changes = newPending()
 
 func init() {
 	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, appliesFenced, kindProblems,
-		podsStamped, unstampedPods, backfillSweeps, backfillDuration, trackingFinalizers, ledgerLiveLists,
+		podsStamped, unstampedPods, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, ledgerLiveLists,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",
 			Help: "Age of the oldest change to a parent or its pods that no reconcile has picked up yet; 0 when there is none.",

@@ -168,7 +168,10 @@ func indexMisstamped(obj any) ([]string, error) {
 }
 
 // Indexers are the indexes the pod informer needs.
-var Indexers = toolscache.Indexers{ParentIndex: IndexByParent, MisstampedIndex: indexMisstamped, OwnerIndex: indexTrackingOwner}
+var Indexers = toolscache.Indexers{
+	ParentIndex: IndexByParent, MisstampedIndex: indexMisstamped, OwnerIndex: indexTrackingOwner,
+	TrackingKindIndex: indexTrackingKind, HeldIndex: indexHeld,
+}
 
 // PodsOf returns the cached pods filed under the parent's UID. The pods are
 // shared with the cache and must not be modified.

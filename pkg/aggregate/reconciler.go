@@ -2,7 +2,9 @@ package aggregate
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,18 +22,26 @@ import (
 
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/pkg/servable"
 )
 
 // FieldManager is the server-side apply field manager under which the
-// aggregator owns the mapped status fields.
+// aggregator owns the mapped counts.
 const FieldManager = "tally-aggregator"
+
+// TotalsFieldManager is the field manager under which the aggregator owns
+// the totals and the ledger. Apart from the counts, so that an apply of the
+// counts alone (a kind that stops mapping totals, a release without them)
+// leaves them as they are instead of removing them.
+const TotalsFieldManager = "tally-aggregator-totals"
 
 // Reconciler keeps one parent kind's mapped status fields equal to the
 // counts of each parent's pods.
 type Reconciler struct {
-	gvk    schema.GroupVersionKind
-	kind   string
-	fields []config.Field
+	gvk  schema.GroupVersionKind
+	kind string
+	// counts are the mapped counts; totals the mapped totals.
+	counts, totals []config.Field
 	// ledger is the ledger's path; nil when the kind keeps no totals.
 	ledger   []string
 	releases *releases
@@ -56,6 +66,11 @@ type Deps struct {
 	// holds the leader lease); a parent is not written while it says no.
 	MayWrite func() bool
 	Recorder events.EventRecorder
+	// Totals, for a kind with totals, tells whether the API server serves
+	// them (servable.Gate); while it does not, the counts are kept, the
+	// totals left as they are, and the pods' finalizers released by
+	// Unrecorded. Nil: always.
+	Totals *servable.Gate
 }
 
 var _ reconcile.Reconciler = (*Reconciler)(nil)
@@ -63,8 +78,16 @@ var _ reconcile.Reconciler = (*Reconciler)(nil)
 // NewReconciler returns the reconciler of one parent kind.
 func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	kind := parent.GroupKind().String()
+	var counts, totals []config.Field
+	for _, f := range parent.Fields() {
+		if slices.Contains(config.Totals, f.Count) {
+			totals = append(totals, f)
+		} else {
+			counts = append(counts, f)
+		}
+	}
 	return &Reconciler{
-		gvk: parent.GroupVersionKind(), kind: kind, fields: parent.Fields(), ledger: parent.LedgerPath(),
+		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(),
 		releases: newReleases(), Deps: deps,
 		reconciled: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
@@ -104,13 +127,27 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	pods := Members(parent.GetNamespace(), parent.GetUID(), all)
 	counts := Tally(parent.GetNamespace(), parent.GetUID(), pods)
 	if r.ledger == nil {
-		return r.applyCounts(ctx, parent, counts, nil, false, r.untracked(pods))
+		return r.applyCounts(ctx, parent, counts, r.untracked(pods))
 	}
 
-	book, err := ReadBook(parent.Object, r.ledger, r.fields)
+	book, err := ReadBook(parent.Object, r.ledger, r.totals)
 	if err != nil {
 		r.reportLedger(parent, err)
 		return reconcile.Result{}, fmt.Errorf("reading the ledger of %s %s: %w", r.kind, req.NamespacedName, err)
+	}
+	if !r.totalsServed(ctx) {
+		// The totals stay as they are (moved to their own manager if the
+		// counts' manager still holds them); Unrecorded releases the pods.
+		if r.countsOwnTotals(parent) {
+			if result, err := r.applyTotals(ctx, parent, &book, true); err != nil || result.RequeueAfter > 0 {
+				return result, err
+			}
+		}
+		if result, err := r.applyCounts(ctx, parent, counts, nil); err != nil || result.RequeueAfter > 0 {
+			return result, err
+		}
+		// Served again later (a CRD fixed): track the running pods then.
+		return reconcile.Result{RequeueAfter: servable.Interval}, nil
 	}
 	released := r.releases.of(parent.GetUID())
 	has := func(uid types.UID) bool { return released[uid] }
@@ -122,10 +159,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		step = Advance(pods, book, has, live)
 	}
-	counts.CompletedTotal, counts.UnexpectedTotal = step.Book.CompletedTotal, step.Book.UnexpectedTotal
-	result, err := r.applyCounts(ctx, parent, counts, &step.Book, !step.Book.Equal(&book), nil)
-	if err != nil || result.RequeueAfter > 0 {
-		// The ledger holding the pods to release is not written.
+	// The totals first: the counts' apply leaves out the totals and the
+	// ledger, which would remove them while the counts' manager still owns
+	// them (an installation of the single-manager layout).
+	if !step.Book.Equal(&book) || r.countsOwnTotals(parent) {
+		if result, err := r.applyTotals(ctx, parent, &step.Book, false); err != nil || result.RequeueAfter > 0 {
+			// The ledger holding the pods to release is not written.
+			return result, err
+		}
+	}
+	if result, err := r.applyCounts(ctx, parent, counts, nil); err != nil || result.RequeueAfter > 0 {
 		return result, err
 	}
 	r.releases.settle(parent.GetUID(), pods, &step.Book)
@@ -144,6 +187,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{RequeueAfter: foldRequeue}, nil
 	}
 	return reconcile.Result{}, nil
+}
+
+// totalsServed reports whether the API server serves the kind's totals, once
+// they were checked.
+func (r *Reconciler) totalsServed(ctx context.Context) bool {
+	if r.Totals == nil {
+		return true
+	}
+	return r.Totals.Wait(ctx) == nil && r.Totals.Serves(r.gvk.GroupKind())
 }
 
 // foldRequeue is when a parent whose pods were just released is reconciled
@@ -178,20 +230,17 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedNa
 
 func (r *Reconciler) mayWrite() bool { return r.MayWrite == nil || r.MayWrite() }
 
-// applyCounts writes the counts (and book, the ledger and totals, for a
-// kind with totals) when they differ from what the parent shows (bookChanged
-// for the ledger), then removes the finalizer of the pods in orphaned.
-func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, book *Book, bookChanged bool, orphaned []*Pod) (reconcile.Result, error) {
-	if !bookChanged && !r.differs(parent, counts) {
+// applyCounts writes the counts when they differ from what the parent
+// shows, then removes the finalizer of the pods in orphaned.
+func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, orphaned []*Pod) (reconcile.Result, error) {
+	if !r.differs(parent, counts) {
 		r.skipped.Inc()
 	} else {
-		if !r.mayWrite() {
-			// A deposed leader that has not noticed yet: the new leader
-			// writes.
-			r.fenced.Inc()
-			return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+		values := make(map[string]any, len(r.counts))
+		for _, f := range r.counts {
+			values[strings.Join(f.Path, ".")] = counts.Get(f.Count)
 		}
-		if result, err := r.apply(ctx, parent, counts, book); err != nil || result.RequeueAfter > 0 {
+		if result, err := r.apply(ctx, parent, values, FieldManager); err != nil || result.RequeueAfter > 0 {
 			return result, err
 		}
 	}
@@ -201,10 +250,72 @@ func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstr
 	return reconcile.Result{}, nil
 }
 
+// applyTotals writes the totals and the ledger of book under
+// TotalsFieldManager. present writes only those the parent shows already:
+// it moves them from the counts' manager, values unchanged, for a kind whose
+// totals cannot be written.
+func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstructured, book *Book, present bool) (reconcile.Result, error) {
+	values := make(map[string]any, len(r.totals)+1)
+	for _, f := range r.totals {
+		values[strings.Join(f.Path, ".")] = book.Get(f.Count)
+	}
+	// The whole ledger, changed or not: an apply that leaves out a field
+	// its manager owns removes it.
+	values[strings.Join(r.ledger, ".")] = book.LedgerValue()
+	if present {
+		for path := range values {
+			if _, found, _ := unstructured.NestedFieldNoCopy(parent.Object, strings.Split(path, ".")...); !found {
+				delete(values, path)
+			}
+		}
+		if len(values) == 0 {
+			return reconcile.Result{}, nil
+		}
+	}
+	return r.apply(ctx, parent, values, TotalsFieldManager)
+}
+
+// countsOwnTotals reports whether FieldManager owns the totals or the
+// ledger of parent: an installation of the layout that applied them with
+// the counts.
+func (r *Reconciler) countsOwnTotals(parent *unstructured.Unstructured) bool {
+	paths := [][]string{r.ledger}
+	for _, f := range r.totals {
+		paths = append(paths, f.Path)
+	}
+	for _, mf := range parent.GetManagedFields() {
+		if mf.Manager != FieldManager || mf.Subresource != "status" || mf.FieldsV1 == nil {
+			continue
+		}
+		var set map[string]any
+		if json.Unmarshal(mf.FieldsV1.Raw, &set) != nil {
+			continue
+		}
+		for _, path := range paths {
+			if ownsPath(set, path) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ownsPath reports whether a managed fields set (FieldsV1) holds path.
+func ownsPath(set map[string]any, path []string) bool {
+	for _, seg := range path {
+		next, ok := set["f:"+seg].(map[string]any)
+		if !ok {
+			return false
+		}
+		set = next
+	}
+	return true
+}
+
 // differs reports whether any mapped field of parent does not hold its
 // count.
 func (r *Reconciler) differs(parent *unstructured.Unstructured, counts Counts) bool {
-	for _, f := range r.fields {
+	for _, f := range r.counts {
 		v, found, err := unstructured.NestedFieldNoCopy(parent.Object, f.Path...)
 		if err != nil || !found || !equalCount(v, counts.Get(f.Count)) {
 			return true
@@ -232,13 +343,21 @@ func equalCount(v any, want int64) bool {
 const conflictRequeue = time.Second
 
 // apply sends one server-side apply to the status subresource holding
-// exactly the mapped fields. The resourceVersion of the parent the counts
-// were computed against is a precondition: a parent deleted and created
-// again under the same name is never written with the old one's counts, and
-// a writer whose cache is behind (a deposed leader) gets a conflict instead
-// of overwriting newer counts. (A UID in an apply is not a precondition: the
-// API server ignores it.)
-func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, counts Counts, book *Book) (reconcile.Result, error) {
+// exactly values (by dotted path) under manager, once this replica may
+// write. The resourceVersion of the parent the values were computed against
+// is a precondition: a parent deleted and created again under the same name
+// is never written with the old one's values, and a writer whose cache is
+// behind (a deposed leader) gets a conflict instead of overwriting newer
+// ones. (A UID in an apply is not a precondition: the API server ignores
+// it.) On success parent takes the new resourceVersion, so that a second
+// apply in the same reconcile holds the same precondition.
+func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, values map[string]any, manager string) (reconcile.Result, error) {
+	if !r.mayWrite() {
+		// A deposed leader that has not noticed yet: the new leader
+		// writes.
+		r.fenced.Inc()
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	}
 	key := client.ObjectKeyFromObject(parent)
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": r.gvk.GroupVersion().String(),
@@ -247,28 +366,22 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 			"name": parent.GetName(), "namespace": parent.GetNamespace(), "resourceVersion": parent.GetResourceVersion(),
 		},
 	}}
-	for _, f := range r.fields {
-		if err := unstructured.SetNestedField(obj.Object, counts.Get(f.Count), f.Path...); err != nil {
+	for path, v := range values {
+		if err := unstructured.SetNestedField(obj.Object, v, strings.Split(path, ".")...); err != nil {
 			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
 		}
 	}
-	if book != nil {
-		// The whole ledger, changed or not: an apply that leaves out a
-		// field this manager owns removes it.
-		if err := unstructured.SetNestedField(obj.Object, book.LedgerValue(), r.ledger...); err != nil {
-			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
-		}
-	}
-	err := r.Writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership)
+	err := r.Writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(manager), client.ForceOwnership)
 	switch {
 	case err == nil:
 		r.applied.Inc()
+		parent.SetResourceVersion(obj.GetResourceVersion())
 		// The schema declares every mapped field, and the status is served
 		// (again).
 		kindProblems.DeleteLabelValues(r.kind, "field-not-in-schema")
 		kindProblems.DeleteLabelValues(r.kind, "status-not-found")
 		if log := log.FromContext(ctx).V(1); log.Enabled() {
-			log.Info("Applied counts", "counts", counts, "ledger", book != nil)
+			log.Info("Applied status", "manager", manager, "values", values)
 		}
 		return reconcile.Result{}, nil
 	case apierrors.IsConflict(err):
@@ -280,7 +393,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		return reconcile.Result{}, r.notFound(ctx, parent, err)
 	case strings.Contains(err.Error(), "field not declared in schema"):
 		// Retried with backoff: the CRD may be fixed at any time.
-		r.reportSchema(ctx, parent, err)
+		r.reportSchema(ctx, parent, manager, err)
 		return reconcile.Result{}, fmt.Errorf("applying status of %s %s: %w", r.kind, key, err)
 	}
 	r.failed.Inc()
@@ -311,16 +424,23 @@ func (r *Reconciler) notFound(ctx context.Context, parent *unstructured.Unstruct
 }
 
 // reportSchema reports that the parent kind's schema does not declare a
-// mapped field, so the API server refuses to apply it.
-func (r *Reconciler) reportSchema(ctx context.Context, parent *unstructured.Unstructured, err error) {
+// mapped field, so the API server refuses to apply it. A refused apply of
+// the totals stops the kind's totals until the schema declares them: its
+// pods are released.
+func (r *Reconciler) reportSchema(_ context.Context, parent *unstructured.Unstructured, manager string, err error) {
 	r.failed.Inc()
 	kindProblems.WithLabelValues(r.kind, "field-not-in-schema").Set(1)
-	paths := make([]string, 0, len(r.fields)+1)
-	for _, f := range r.fields {
-		paths = append(paths, strings.Join(f.Path, "."))
-	}
-	if r.ledger != nil {
+	fields := r.counts
+	var paths []string
+	if manager == TotalsFieldManager {
+		fields = r.totals
 		paths = append(paths, strings.Join(r.ledger, ".")+" (an object with the lists completed and unexpected)")
+		if r.Totals != nil {
+			r.Totals.Report(r.gvk.GroupKind(), &servable.Problem{Name: "totals-not-in-schema", Err: err})
+		}
+	}
+	for _, f := range fields {
+		paths = append(paths, strings.Join(f.Path, "."))
 	}
 	r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "StatusFieldNotInSchema", "ApplyCounts",
 		"tally cannot write the counts: the schema of %s must declare %s (%v)", r.kind, strings.Join(paths, ", "), err)

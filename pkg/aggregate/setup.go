@@ -3,15 +3,12 @@ package aggregate
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -31,6 +28,7 @@ import (
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/pkg/servable"
 )
 
 // PodSelector selects the pods the aggregator watches: those carrying the
@@ -66,6 +64,9 @@ type Options struct {
 	// MayWrite, when set, tells whether this replica may still write: with
 	// leader election, whether it surely still holds the lease.
 	MayWrite func() bool
+	// TrackingGrace is how long a finished pod of a kind with totals may
+	// wait to be recorded before it is released uncounted (lost).
+	TrackingGrace time.Duration
 }
 
 // Setup adds the pod index, the backfill sweep and one controller per
@@ -77,6 +78,9 @@ type Options struct {
 func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, opts Options) error {
 	if opts.BackfillInterval <= 0 {
 		return fmt.Errorf("the backfill interval must be positive, not %s", opts.BackfillInterval)
+	}
+	if opts.TrackingGrace <= 0 {
+		return fmt.Errorf("the tracking grace must be positive, not %s", opts.TrackingGrace)
 	}
 	informer, err := mgr.GetCache().GetInformer(ctx, &corev1.Pod{})
 	if err != nil {
@@ -106,7 +110,16 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 		return err
 	}
 
-	k := &kinds{mgr: mgr, disco: disco, pods: indexed.GetIndexer(), backfill: backfill, opts: opts}
+	kindChecker := servable.NewChecker(mgr.GetRESTMapper(), disco)
+	gate := servable.NewGate(kindChecker, parents, log.WithName("totals"))
+	if err := mgr.Add(gate); err != nil {
+		return err
+	}
+	if err := mgr.Add(NewUnrecorded(parents, gate, indexed.GetIndexer(), mgr.GetCache(), mgr.GetClient(),
+		mgr.GetEventRecorder(FieldManager), opts.TrackingGrace, opts.MayWrite, log.WithName("unrecorded"))); err != nil {
+		return err
+	}
+	k := &kinds{mgr: mgr, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, opts: opts}
 	var pending []config.Parent
 	for _, p := range parents {
 		problem, err := k.serve(p)
@@ -138,33 +151,26 @@ func newParent(gvk schema.GroupVersionKind) client.Object {
 // it.
 type kinds struct {
 	mgr      manager.Manager
-	disco    discovery.DiscoveryInterface
+	checker  *servable.Checker
+	gate     *servable.Gate
 	pods     toolscache.Indexer
 	backfill *Backfill
 	opts     Options
 }
 
-// kindProblem is why a parent kind cannot be served yet.
-type kindProblem struct {
-	name string // the problem label of tally_aggregator_parent_kind_problems
-	err  error
-}
-
-func (p *kindProblem) Error() string { return p.err.Error() }
-
 // serve adds the controller of kind p when the API server serves it with a
 // status subresource, and reports the problem otherwise. The error is for
 // a controller that could not be created.
-func (k *kinds) serve(p config.Parent) (*kindProblem, error) {
+func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 	kind := p.GroupKind().String()
-	if problem := k.check(p); problem != nil {
+	if problem := k.checker.Kind(p); problem != nil {
 		kindProblems.DeletePartialMatch(prometheus.Labels{"kind": kind})
-		kindProblems.WithLabelValues(kind, problem.name).Set(1)
+		kindProblems.WithLabelValues(kind, problem.Name).Set(1)
 		return problem, nil
 	}
 	r := NewReconciler(p, Deps{
 		Parents: k.mgr.GetCache(), Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
-		Backfilled: k.backfill.Wait, MayWrite: k.opts.MayWrite, Recorder: k.mgr.GetEventRecorder(FieldManager),
+		Backfilled: k.backfill.Wait, MayWrite: k.opts.MayWrite, Recorder: k.mgr.GetEventRecorder(FieldManager), Totals: k.gate,
 	})
 	err := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).
@@ -211,7 +217,7 @@ func (k *kinds) retry(ctx context.Context, pending []config.Parent) {
 				still = append(still, p)
 			case problem != nil:
 				if log := log.V(1); log.Enabled() {
-					log.Info("Parent kind still cannot be served", "kind", p.GroupKind().String(), "problem", problem.name, "reason", problem.err.Error())
+					log.Info("Parent kind still cannot be served", "kind", p.GroupKind().String(), "problem", problem.Name, "reason", problem.Err.Error())
 				}
 				still = append(still, p)
 			default:
@@ -220,28 +226,4 @@ func (k *kinds) retry(ctx context.Context, pending []config.Parent) {
 		}
 		pending = still
 	}
-}
-
-// check confirms that the API server serves the parent kind with a status
-// subresource.
-func (k *kinds) check(p config.Parent) *kindProblem {
-	mapping, err := k.mgr.GetRESTMapper().RESTMapping(p.GroupKind(), p.Version)
-	if err != nil {
-		return &kindProblem{"not-served", fmt.Errorf("the API server does not serve %s: %w", p.GroupVersionKind(), err)}
-	}
-	if mapping.Scope.Name() == meta.RESTScopeNameRoot {
-		return &kindProblem{"cluster-scoped", fmt.Errorf("%s is cluster-scoped; a parent kind must be namespaced", p.GroupVersionKind())}
-	}
-	resource := mapping.Resource.Resource
-	if p.Resource != "" && p.Resource != resource {
-		return &kindProblem{"resource-mismatch", fmt.Errorf("%s is served as resource %q, not %q as configured", p.GroupVersionKind(), resource, p.Resource)}
-	}
-	list, err := k.disco.ServerResourcesForGroupVersion(p.GroupVersionKind().GroupVersion().String())
-	if err != nil {
-		return &kindProblem{"not-served", fmt.Errorf("discovering %s: %w", p.GroupVersionKind().GroupVersion(), err)}
-	}
-	if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource+"/status" }) {
-		return &kindProblem{"no-status-subresource", fmt.Errorf("%s has no status subresource: enable it in the CRD (subresources: {status: {}})", p.GroupVersionKind())}
-	}
-	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -68,8 +70,10 @@ func (r *Reconciler) releaseAll(ctx context.Context, parent types.UID, pods []*P
 }
 
 // trackAll adds the tracking finalizer to pods that have not finished, as
-// the cache shows them. A pod that changed since is left to the next
-// reconcile.
+// the cache shows them: pods admitted before their kind kept totals, or
+// whose finalizer another client's write dropped (it is restored). A pod
+// that changed since is left to the next reconcile; a refusal is logged and
+// counted, and the pod stays untracked (its finish is not counted).
 func (r *Reconciler) trackAll(ctx context.Context, pods []*Pod) error {
 	counter := trackingFinalizers.WithLabelValues(r.kind, "added")
 	return forEach(ctx, pods, func(ctx context.Context, p *Pod) error {
@@ -78,9 +82,15 @@ func (r *Reconciler) trackAll(ctx context.Context, pods []*Pod) error {
 		case err == nil:
 			counter.Inc()
 			return nil
-		case apierrors.IsNotFound(err), apierrors.IsConflict(err), apierrors.IsInvalid(err), apierrors.IsForbidden(err):
-			// Gone, changed, or being deleted (no finalizer can be added
-			// then): its own event brings it back if it needs anything.
+		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+			// Gone or changed: its own event brings it back.
+			return nil
+		case strings.Contains(err.Error(), "no new finalizers can be added if the object is being deleted"):
+			// Being deleted since the cache showed it.
+			return nil
+		case apierrors.IsInvalid(err), apierrors.IsForbidden(err):
+			trackErrors.WithLabelValues(r.kind).Inc()
+			log.FromContext(ctx).Error(err, "The API server refused the tracking finalizer: this pod's finish will not be counted in the totals", "pod", p.Namespace+"/"+p.Name)
 			return nil
 		}
 		return fmt.Errorf("adding the finalizer %s to pod %s/%s: %w", keys.TrackingFinalizer, p.Namespace, p.Name, err)

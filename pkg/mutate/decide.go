@@ -97,6 +97,9 @@ type Mutator struct {
 	// totals holds the kinds that keep cumulative totals.
 	totals  map[schema.GroupKind]bool
 	checker OwnerChecker
+	// served, when set, tells which of them the API server serves for their
+	// totals: only their pods get the tracking finalizer.
+	served func(schema.GroupKind) bool
 }
 
 // NewMutator returns a Mutator for the given parent kinds. checker, when not
@@ -116,6 +119,12 @@ func NewMutator(parents []config.Parent, checker OwnerChecker) *Mutator {
 // KeepsTotals reports whether kind keeps cumulative totals, so that its pods
 // carry keys.TrackingFinalizer.
 func (m *Mutator) KeepsTotals(kind schema.GroupKind) bool { return m.totals[kind] }
+
+// AddTrackingWhen makes the tracking finalizer go only to the pods of the
+// kinds with totals for which served says yes (servable.Gate.Serves): the
+// kinds the aggregator can record, so that no pod waits on a finalizer
+// nothing releases.
+func (m *Mutator) AddTrackingWhen(served func(schema.GroupKind) bool) { m.served = served }
 
 // intentClockSkew bounds how far a completion-intent-at value already on a
 // pod may lie from now and still be taken as the webhook's own stamp from an
@@ -189,7 +198,7 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	at, by, hasIntentStamp := intentStamp(in)
 	p.annotation(keys.CompletionIntentAt, at, hasIntentStamp)
 	p.annotation(keys.CompletionIntentBy, by, hasIntentStamp)
-	if in.Operation == Create && isTracked && m.totals[owner.GroupKind] {
+	if in.Operation == Create && isTracked && m.totals[owner.GroupKind] && (m.served == nil || m.served(owner.GroupKind)) {
 		p.finalizer(keys.TrackingFinalizer)
 	}
 	return d

@@ -42,6 +42,9 @@ type Options struct {
 	// BackfillInterval is the time between two backfill sweeps;
 	// DefaultBackfillInterval when zero.
 	BackfillInterval time.Duration
+	// TrackingGrace bounds how long a finished tracked pod waits to be
+	// recorded; aggregate.DefaultTrackingGrace when zero.
+	TrackingGrace time.Duration
 	// QPS and Burst limit the requests to the API server; client-go's
 	// defaults when zero.
 	QPS   float32
@@ -72,6 +75,12 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 	if opts.BackfillInterval < time.Second {
 		return fmt.Errorf("--backfill-interval must be at least 1s, not %s", opts.BackfillInterval)
+	}
+	if opts.TrackingGrace == 0 {
+		opts.TrackingGrace = aggregate.DefaultTrackingGrace
+	}
+	if opts.TrackingGrace < time.Second {
+		return fmt.Errorf("--tracking-grace must be at least 1s, not %s", opts.TrackingGrace)
 	}
 	restCfg = rest.CopyConfig(restCfg)
 	watch := newWatchMonitor(log)
@@ -105,6 +114,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 	aggOpts := aggregate.Options{
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles, BackfillInterval: opts.BackfillInterval, VerifyOwner: cfg.VerifyOwner,
+		TrackingGrace: opts.TrackingGrace,
 	}
 	if opts.LeaderElect {
 		lock, err := newFencedLock(restCfg, opts.LeaderElectionNamespace, opts.LeaderElectionID)
@@ -136,7 +146,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 	start := time.Now()
 	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect, "leaderElectionID", opts.LeaderElectionID,
-		"maxConcurrentReconciles", opts.MaxConcurrentReconciles, "backfillInterval", opts.BackfillInterval.String(), "verifyOwner", cfg.VerifyOwner)
+		"maxConcurrentReconciles", opts.MaxConcurrentReconciles, "backfillInterval", opts.BackfillInterval.String(), "trackingGrace", opts.TrackingGrace.String(), "verifyOwner", cfg.VerifyOwner)
 	err = mgr.Start(ctx)
 	log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
 	return err

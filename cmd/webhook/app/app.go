@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -20,6 +21,7 @@ import (
 	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/pkg/servable"
 )
 
 // Options configure the webhook process.
@@ -78,8 +80,18 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		}
 		checker = mutate.NewReaderOwnerChecker(cfg.Parents, mgr.GetCache(), mutate.PartialMetadata, mgr.GetAPIReader())
 	}
+	disco, err := discovery.NewDiscoveryClientForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("creating discovery client: %w", err)
+	}
+	gate := servable.NewGate(servable.NewChecker(mgr.GetRESTMapper(), disco), cfg.Parents, log.WithName("totals"))
+	if err := mgr.Add(gate); err != nil {
+		return err
+	}
+	mutator := mutate.NewMutator(cfg.Parents, checker)
+	mutator.AddTrackingWhen(gate.Serves)
 	var draining atomic.Bool
-	handler := mutate.NewHandler(mutate.NewMutator(cfg.Parents, checker), log)
+	handler := mutate.NewHandler(mutator, log)
 	mux := http.NewServeMux()
 	mux.Handle(mutate.Path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if draining.Load() {

@@ -1,0 +1,123 @@
+package servable
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"tally.dev/tally/pkg/config"
+)
+
+// Interval is how often a Gate checks its kinds again.
+const Interval = 30 * time.Second
+
+// Gate tells which kinds with totals the API server serves as tally needs
+// (Checker.Totals), checking again every Interval. Until its first check a
+// kind is not served: the webhook then adds no finalizer, and the aggregator
+// adds it to the running pods once the kind is served.
+type Gate struct {
+	checker *Checker
+	parents []config.Parent
+	log     logr.Logger
+
+	mu       sync.RWMutex
+	problems map[schema.GroupKind]*Problem
+	// checked is closed once every kind was checked once.
+	checked chan struct{}
+	once    sync.Once
+}
+
+// NewGate returns a Gate over the parents that keep totals.
+func NewGate(checker *Checker, parents []config.Parent, log logr.Logger) *Gate {
+	g := &Gate{checker: checker, log: log, problems: map[schema.GroupKind]*Problem{}, checked: make(chan struct{})}
+	for _, p := range parents {
+		if p.Tracked() {
+			g.parents = append(g.parents, p)
+			g.problems[p.GroupKind()] = &Problem{"not-checked", errNotChecked}
+		}
+	}
+	return g
+}
+
+var errNotChecked = notChecked{}
+
+type notChecked struct{}
+
+func (notChecked) Error() string { return "not checked yet" }
+
+// Serves reports whether kind keeps totals and is served for them.
+func (g *Gate) Serves(kind schema.GroupKind) bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	problem, tracked := g.problems[kind]
+	return tracked && problem == nil
+}
+
+// Problem returns why kind is not served for its totals; nil when it is.
+func (g *Gate) Problem(kind schema.GroupKind) *Problem {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.problems[kind]
+}
+
+// Report records that kind cannot be served for its totals, as seen by a
+// write the API server refused, until the next check says otherwise.
+func (g *Gate) Report(kind schema.GroupKind, problem *Problem) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, tracked := g.problems[kind]; tracked {
+		g.problems[kind] = problem
+	}
+}
+
+// Wait blocks until every kind was checked once, or ctx is done.
+func (g *Gate) Wait(ctx context.Context) error {
+	select {
+	case <-g.checked:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Check checks every kind now.
+func (g *Gate) Check() {
+	defer g.once.Do(func() { close(g.checked) })
+	for _, p := range g.parents {
+		problem := g.checker.Totals(p)
+		g.mu.Lock()
+		before := g.problems[p.GroupKind()]
+		g.problems[p.GroupKind()] = problem
+		g.mu.Unlock()
+		switch {
+		case problem != nil && (before == nil || before.Err == errNotChecked):
+			g.log.Error(problem, "Kind cannot keep totals: its pods get no tracking finalizer and lose it if they have it", "kind", p.GroupKind().String(), "problem", problem.Name)
+		case problem == nil && before != nil:
+			g.log.Info("Kind keeps totals: its pods get the tracking finalizer", "kind", p.GroupKind().String())
+		}
+	}
+}
+
+// Start checks every kind, then again every Interval until ctx is done.
+func (g *Gate) Start(ctx context.Context) error {
+	if len(g.parents) == 0 {
+		g.once.Do(func() { close(g.checked) })
+		return nil
+	}
+	ticker := time.NewTicker(Interval)
+	defer ticker.Stop()
+	for {
+		g.Check()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// NeedLeaderElection reports that every replica checks.
+func (g *Gate) NeedLeaderElection() bool { return false }

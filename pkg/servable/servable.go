@@ -1,0 +1,183 @@
+// Package servable decides whether the API server serves a parent kind the
+// way tally needs it: namespaced, with a status subresource, and, for a kind
+// with cumulative totals, a served schema that declares the ledger and every
+// mapped total. The webhook and the aggregator run the same checks, so that
+// the webhook gives the tracking finalizer only to pods whose kind the
+// aggregator can record, and the aggregator releases the pods of a kind it
+// cannot.
+package servable
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
+
+	"tally.dev/tally/pkg/config"
+)
+
+// Problem is why a parent kind cannot be served.
+type Problem struct {
+	// Name labels the problem in metrics: not-served, cluster-scoped,
+	// resource-mismatch, no-status-subresource, totals-not-in-schema.
+	Name string
+	Err  error
+}
+
+func (p *Problem) Error() string { return p.Err.Error() }
+
+// Checker runs the checks against an API server.
+type Checker struct {
+	mapper meta.RESTMapper
+	disco  discovery.DiscoveryInterface
+}
+
+// NewChecker returns a Checker that resolves kinds with mapper and reads
+// resources and schemas through disco.
+func NewChecker(mapper meta.RESTMapper, disco discovery.DiscoveryInterface) *Checker {
+	return &Checker{mapper: mapper, disco: disco}
+}
+
+// Kind confirms that the API server serves the parent kind namespaced, as
+// configured, with a status subresource.
+func (c *Checker) Kind(p config.Parent) *Problem {
+	mapping, err := c.mapper.RESTMapping(p.GroupKind(), p.Version)
+	if err != nil {
+		return &Problem{"not-served", fmt.Errorf("the API server does not serve %s: %w", p.GroupVersionKind(), err)}
+	}
+	if mapping.Scope.Name() == meta.RESTScopeNameRoot {
+		return &Problem{"cluster-scoped", fmt.Errorf("%s is cluster-scoped; a parent kind must be namespaced", p.GroupVersionKind())}
+	}
+	resource := mapping.Resource.Resource
+	if p.Resource != "" && p.Resource != resource {
+		return &Problem{"resource-mismatch", fmt.Errorf("%s is served as resource %q, not %q as configured", p.GroupVersionKind(), resource, p.Resource)}
+	}
+	list, err := c.disco.ServerResourcesForGroupVersion(p.GroupVersionKind().GroupVersion().String())
+	if err != nil {
+		return &Problem{"not-served", fmt.Errorf("discovering %s: %w", p.GroupVersionKind().GroupVersion(), err)}
+	}
+	if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource+"/status" }) {
+		return &Problem{"no-status-subresource", fmt.Errorf("%s has no status subresource: enable it in the CRD (subresources: {status: {}})", p.GroupVersionKind())}
+	}
+	return nil
+}
+
+// Totals confirms that the kind is served (Kind) and that, when it maps a
+// total, the schema the API server serves for its version declares the
+// ledger (with its lists completed and unexpected) and every mapped total:
+// the API server would drop, or refuse, what it does not declare.
+func (c *Checker) Totals(p config.Parent) *Problem {
+	if problem := c.Kind(p); problem != nil || !p.Tracked() {
+		return problem
+	}
+	gv := p.GroupVersionKind().GroupVersion()
+	path := "apis/" + gv.String()
+	if gv.Group == "" {
+		path = "api/" + gv.Version
+	}
+	paths, err := c.disco.OpenAPIV3().Paths()
+	if err != nil {
+		return &Problem{"not-served", fmt.Errorf("reading the API server's schemas: %w", err)}
+	}
+	doc, ok := paths[path]
+	if !ok {
+		return &Problem{"not-served", fmt.Errorf("the API server publishes no schema for %s", gv)}
+	}
+	data, err := doc.Schema("application/json")
+	if err != nil {
+		return &Problem{"not-served", fmt.Errorf("reading the schema of %s: %w", gv, err)}
+	}
+	missing, err := Undeclared(data, p)
+	if err != nil {
+		return &Problem{"not-served", fmt.Errorf("reading the schema of %s: %w", gv, err)}
+	}
+	if len(missing) > 0 {
+		return &Problem{"totals-not-in-schema", fmt.Errorf("the schema of %s does not declare %s: its totals cannot be kept", p.GroupVersionKind(), strings.Join(missing, ", "))}
+	}
+	return nil
+}
+
+// node is the part of an OpenAPI v3 schema the walk reads.
+type node struct {
+	Ref        string           `json:"$ref"`
+	AllOf      []*node          `json:"allOf"`
+	Properties map[string]*node `json:"properties"`
+	Preserve   bool             `json:"x-kubernetes-preserve-unknown-fields"`
+	GVK        []struct {
+		Group, Version, Kind string
+	} `json:"x-kubernetes-group-version-kind"`
+}
+
+// Undeclared returns the paths of the kind's totals and ledger that the
+// OpenAPI v3 document data (one group-version's, as /openapi/v3 serves it)
+// does not declare. A field under an object that keeps unknown fields
+// (x-kubernetes-preserve-unknown-fields) is declared.
+func Undeclared(data []byte, p config.Parent) ([]string, error) {
+	var doc struct {
+		Components struct {
+			Schemas map[string]*node `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	schemas := doc.Components.Schemas
+	var root *node
+	for _, s := range schemas {
+		if slices.ContainsFunc(s.GVK, func(g struct{ Group, Version, Kind string }) bool {
+			return g.Group == p.Group && g.Version == p.Version && g.Kind == p.Kind
+		}) {
+			root = s
+			break
+		}
+	}
+	if root == nil {
+		return nil, fmt.Errorf("no schema for %s", p.GroupVersionKind())
+	}
+	resolve := func(n *node) *node {
+		for range 8 { // a chain of references, bounded
+			switch {
+			case n == nil:
+				return nil
+			case n.Ref != "":
+				n = schemas[strings.TrimPrefix(n.Ref, "#/components/schemas/")]
+			case len(n.AllOf) == 1 && n.Properties == nil:
+				n = n.AllOf[0]
+			default:
+				return n
+			}
+		}
+		return n
+	}
+	declared := func(path []string) bool {
+		n := resolve(root)
+		for _, seg := range path {
+			if n == nil {
+				return false
+			}
+			next, ok := n.Properties[seg]
+			if !ok {
+				return n.Preserve
+			}
+			n = resolve(next)
+		}
+		return n != nil
+	}
+	var missing []string
+	for _, f := range p.Fields() {
+		if slices.Contains(config.Totals, f.Count) && !declared(f.Path) {
+			missing = append(missing, strings.Join(f.Path, "."))
+		}
+	}
+	ledger := p.LedgerPath()
+	for _, list := range []string{"completed", "unexpected"} {
+		if path := append(slices.Clone(ledger), list); !declared(path) {
+			missing = append(missing, strings.Join(path, "."))
+		}
+	}
+	return missing, nil
+}
