@@ -9,8 +9,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"tally.dev/tally/cmd/aggregator/app"
-	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/internal/command"
+	"tally.dev/tally/pkg/aggregate"
 )
 
 func main() {
