@@ -288,7 +288,7 @@ func (r *Reconciler) countsOwnTotals(parent *unstructured.Unstructured) bool {
 			continue
 		}
 		var set map[string]any
-		if json.Unmarshal(mf.FieldsV1.Raw, &set) != nil {
+		if json.Unmarshal(mf.FieldsV1.GetRawBytes(), &set) != nil {
 			continue
 		}
 		for _, path := range paths {
