@@ -138,9 +138,22 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	if err != nil {
 		return err
 	}
-	now := u.now()
 	u.mu.Lock()
-	before := u.finishedSince[kind]
+	since, expired := overdue(held, u.finishedSince[kind], u.now(), u.grace)
+	u.finishedSince[kind] = since
+	u.mu.Unlock()
+	if len(expired) == 0 {
+		return nil
+	}
+	return u.releaseAll(ctx, p, expired, "lost",
+		fmt.Sprintf("tally could not record these pods within the tracking grace (%s): released; they are not counted in the totals", u.grace))
+}
+
+// overdue returns since when each held pod has been held — since it was
+// first seen finished (before remembers it; now for a pod not seen yet), or
+// since its deletion when that is earlier — and the pods held for grace or
+// longer. Pods no longer held are forgotten.
+func overdue(held []*Pod, before map[types.UID]time.Time, now time.Time, grace time.Duration) (map[types.UID]time.Time, []*Pod) {
 	since := make(map[types.UID]time.Time, len(held))
 	var expired []*Pod
 	for _, pod := range held {
@@ -152,18 +165,11 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 			at = d.Time
 		}
 		since[pod.UID] = at
-		if now.Sub(at) >= u.grace {
+		if now.Sub(at) >= grace {
 			expired = append(expired, pod)
 		}
 	}
-	// Pods no longer held are forgotten.
-	u.finishedSince[kind] = since
-	u.mu.Unlock()
-	if len(expired) == 0 {
-		return nil
-	}
-	return u.releaseAll(ctx, p, expired, "lost",
-		fmt.Sprintf("tally could not record these pods within the tracking grace (%s): released; they are not counted in the totals", u.grace))
+	return since, expired
 }
 
 func (u *Unrecorded) byIndex(index string, kind schema.GroupKind) ([]*Pod, error) {
