@@ -34,7 +34,7 @@ func TestOverdue(t *testing.T) {
 			wantSince: map[types.UID]time.Time{"a": now.Add(-grace + time.Second)}},
 		{name: "seen the whole grace", held: []*Pod{held("a", 0)}, before: map[types.UID]time.Time{"a": now.Add(-grace)},
 			wantSince: map[types.UID]time.Time{"a": now.Add(-grace)}, wantExpired: []types.UID{"a"}},
-		{name: "deleted before it was seen: a restarted aggregator does not wait again", held: []*Pod{held("a", 3 * time.Minute)},
+		{name: "deleted before it was seen: a restarted aggregator does not wait again", held: []*Pod{held("a", 3*time.Minute)},
 			wantSince: map[types.UID]time.Time{"a": now.Add(-3 * time.Minute)}, wantExpired: []types.UID{"a"}},
 		{name: "pods no longer held are forgotten", held: []*Pod{held("b", 0)}, before: map[types.UID]time.Time{"a": now.Add(-time.Hour)},
 			wantSince: map[types.UID]time.Time{"b": now}},

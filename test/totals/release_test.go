@@ -146,7 +146,9 @@ func TestUnservableKindsStrandNoPod(t *testing.T) {
 	ns := namespace(t)
 	startWebhook(t, ns, path)
 	agg := startAggregator(t, "aggregator", path, "")
-	gvk := func(kind string) schema.GroupVersionKind { return schema.GroupVersionKind{Group: strandGroup, Version: "v1", Kind: kind} }
+	gvk := func(kind string) schema.GroupVersionKind {
+		return schema.GroupVersionKind{Group: strandGroup, Version: "v1", Kind: kind}
+	}
 	// The webhook's gate checks the kinds when it starts.
 	require.Eventually(t, func() bool {
 		probe := builder.Pod(ns, "probe").ControlledBy(gvk("LosesLedger"), "none", "00000000-0000-4000-8000-000000000000").Build()
