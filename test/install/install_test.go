@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,15 +22,20 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"tally.dev/tally/internal/demo"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/framework"
 )
@@ -45,7 +51,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.MainWithBinaries(m, framework.Options{}, &env, &bin, "webhook", "aggregator"))
+	os.Exit(framework.MainWithBinaries(m, framework.Options{}, &env, &bin, "webhook", "aggregator", "kubectl-tally"))
 }
 
 // values tracks the example WorkerPool, and a kind held back (its CRD is
@@ -101,12 +107,12 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 	port, err := framework.FreePort()
 	require.NoError(t, err)
-	framework.StartProcess(t, bin, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
+	webhook, _ := framework.StartProcess(t, bin, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
 		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
 	metrics, err := framework.FreePort()
 	require.NoError(t, err)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", metrics)
-	framework.StartProcess(t, bin, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
+	aggregator, _ := framework.StartProcess(t, bin, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
 		"--leader-elect", "--leader-election-namespace", ns, "--leader-election-id", release+"-aggregator",
 		"--metrics-bind-address", metricsAddr)
 
@@ -156,13 +162,81 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	assert.Equal(t, "BatchPool", cfg.Parents[1].Kind)
 	assert.Equal(t, mutate.MatchExpression(cfg.Parents), mwc.Webhooks[0].MatchConditions[0].Expression)
 
-	// helm uninstall leaves nothing of tally.
-	helm("uninstall", release, "--namespace", ns, "--wait")
+	// helm uninstall runs the pre-delete hook, which no Job controller runs
+	// here: run its command as a process, as its service account, then
+	// uninstall without hooks. The Deployment it scales to zero runs no pod
+	// here: stop the processes as the scale-down would.
+	require.NoError(t, webhook.Stop())
+	require.NoError(t, aggregator.Stop())
+	runUninstallHook(t, ctx, dir, adminConfig, valuesFile)
+	helm("uninstall", release, "--namespace", ns, "--wait", "--no-hooks")
 	for _, gvk := range framework.ChartKinds {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk)
 		require.NoError(t, env.Client.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": release}))
 		assert.Empty(t, list.Items, "%s left after helm uninstall", gvk.Kind)
+	}
+}
+
+// runUninstallHook creates the chart's pre-delete hook's service account and
+// RBAC, runs its Job's command as a process with that identity while pods
+// carry the tracking finalizer, checks that it stopped tally from adding it
+// and released every pod, then deletes what it created.
+func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig []byte, valuesFile string) {
+	t.Helper()
+	manifest, err := framework.Helm("template", release, framework.Path("charts", "tally"), "--namespace", ns, "-f", valuesFile,
+		"--show-only", "templates/uninstall-hook.yaml")
+	require.NoError(t, err)
+	objs, err := framework.Objects(manifest)
+	require.NoError(t, err)
+	var args []string
+	var serviceAccount string
+	for _, obj := range objs {
+		if obj.GetKind() == "Job" {
+			var job batchv1.Job
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &job))
+			args = job.Spec.Template.Spec.Containers[0].Args
+			serviceAccount = job.Spec.Template.Spec.ServiceAccountName
+			continue
+		}
+		require.NoError(t, env.Client.Create(ctx, obj))
+		t.Cleanup(func() { _ = env.Client.Delete(ctx, obj) })
+	}
+	require.NotEmpty(t, args, "the hook's Job")
+
+	pods := env.WebhookNamespace(t, "uninstall")
+	for i := range 3 {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: pods, Name: fmt.Sprintf("held-%d", i), Finalizers: []string{keys.TrackingFinalizer}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "worker:1"}}},
+		}
+		require.NoError(t, env.Client.Create(ctx, pod))
+		t.Cleanup(func() { _ = env.Client.Delete(ctx, pod) })
+	}
+
+	kubeconfig := filepath.Join(dir, "uninstall.kubeconfig")
+	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, serviceAccount, kubeconfig))
+	cmd := exec.Command(filepath.Join(bin, "kubectl-tally"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	cmd.Env = append(os.Environ(), "HOME="+dir)
+	out, err := cmd.CombinedOutput()
+	t.Logf("the uninstall hook (kubectl-tally %s):\n%s", strings.Join(args, " "), out)
+	require.NoError(t, err)
+
+	err = env.Client.Get(ctx, client.ObjectKey{Name: release}, &admissionregistrationv1.MutatingWebhookConfiguration{})
+	assert.True(t, apierrors.IsNotFound(err), "the webhook's registration is deleted first: %v", err)
+	var dep appsv1.Deployment
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-aggregator"}, &dep))
+	assert.Equal(t, int32(0), *dep.Spec.Replicas, "the aggregator is scaled to zero")
+	var list corev1.PodList
+	require.NoError(t, env.Client.List(ctx, &list, client.InNamespace(pods)))
+	for _, p := range list.Items {
+		assert.NotContains(t, p.Finalizers, keys.TrackingFinalizer, "pod %s", p.Name)
+	}
+	assert.Contains(t, string(out), "3 pod(s) released")
+	for _, obj := range objs {
+		if obj.GetKind() != "Job" {
+			require.NoError(t, env.Client.Delete(ctx, obj))
+		}
 	}
 }
 
