@@ -46,6 +46,10 @@ type Report struct {
 	Unstamped []string `json:"unstamped,omitempty"`
 	// NotCounted are pods labelled for the parent that are not its pods.
 	NotCounted []NotCounted `json:"notCounted,omitempty"`
+	// Uncounted are the aggregator's reports (Warning Events, while the API
+	// server keeps them) of the parent's finished pods it released without
+	// counting them in the totals.
+	Uncounted []string `json:"uncounted,omitempty"`
 }
 
 // Parent identifies the parent.

@@ -1,6 +1,7 @@
 package totals
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -18,9 +19,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/cmd/kubectl-tally/app"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -209,6 +212,13 @@ func TestUnservableKindsStrandNoPod(t *testing.T) {
 		reasons[e.Reason+"/"+e.InvolvedObject.Kind] = true
 	}
 	assert.True(t, reasons["TrackingReleasedUncounted/NoLedger"], "a Warning Event on the parent whose pods were released: %v", reasons)
+
+	// kubectl tally explain and doctor show it.
+	var out, errOut bytes.Buffer
+	streams := genericiooptions.IOStreams{Out: &out, ErrOut: &errOut}
+	app.Main([]string{"--kubeconfig", filepath.Join(dir, "admin.kubeconfig"), "--config", path, "-n", ns, "explain", "noledgers." + strandGroup + "/no-ledger"}, streams)
+	assert.Contains(t, out.String(), "Pods released without being counted in the totals", "explain:\n%s%s", out.String(), errOut.String())
+	assert.Contains(t, out.String(), "TrackingReleasedUncounted noledger "+ns+"/no-ledger: tally cannot keep the totals of NoLedger."+strandGroup)
 }
 
 func contains(list []string, s string) bool {

@@ -492,6 +492,16 @@ func (d *doctor) checkTracking(ctx context.Context) Check {
 	if err != nil {
 		return fail(name, "", "%v", err)
 	}
+	lost, err := uncounted(ctx, d.cs, metav1.NamespaceAll, "")
+	if err != nil && !apierrors.IsForbidden(err) {
+		return fail(name, "", "%v", err)
+	}
+	if len(stuck) == 0 && len(lost) > 0 {
+		shown := lost[:min(len(lost), 5)]
+		return fail(name, "the totals of these parents miss the pods named: their kind could not keep totals (fix its CRD: status subresource, the totals and the ledger declared), "+
+			"or the aggregator could not record them within --tracking-grace (read its logs)",
+			"%d report(s) of pods released without being counted in the totals: %s", len(lost), strings.Join(shown, "; "))
+	}
 	if len(stuck) > 0 {
 		shown := stuck[:min(len(stuck), 5)]
 		more := ""

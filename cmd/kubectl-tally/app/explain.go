@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/printers"
+	"k8s.io/client-go/kubernetes"
 
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
@@ -101,7 +103,44 @@ func (o *options) explain(ctx context.Context, args []string) (explain.Report, e
 	if err != nil {
 		return explain.Report{}, fmt.Errorf("listing the pods of namespace %s: %w", ns, err)
 	}
-	return explain.Explain(obj, *parent, pods.Items), nil
+	report := explain.Explain(obj, *parent, pods.Items)
+	if parent.Tracked() {
+		if report.Uncounted, err = uncounted(ctx, cs, ns, "involvedObject.uid="+string(obj.GetUID())); err != nil {
+			return explain.Report{}, err
+		}
+	}
+	return report, nil
+}
+
+// uncountedReasons are the reasons of the Events the aggregator sends when
+// it releases pods without counting them in the totals.
+var uncountedReasons = []string{"TrackingLost", "TrackingReleasedUncounted"}
+
+// uncounted returns the aggregator's Events of namespace ns (every
+// namespace when empty) matching selector that report pods released without
+// being counted, as "<time> <reason> <object>: <message>".
+func uncounted(ctx context.Context, cs kubernetes.Interface, ns, selector string) ([]string, error) {
+	var out []string
+	for _, reason := range uncountedReasons {
+		sel := "reason=" + reason
+		if selector != "" {
+			sel += "," + selector
+		}
+		list, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			return nil, fmt.Errorf("listing the Events %s: %w", reason, err)
+		}
+		for _, e := range list.Items {
+			at := e.EventTime.Time
+			if at.IsZero() {
+				at = e.LastTimestamp.Time
+			}
+			out = append(out, fmt.Sprintf("%s %s %s %s/%s: %s", at.UTC().Format(time.RFC3339), reason,
+				strings.ToLower(e.InvolvedObject.Kind), e.InvolvedObject.Namespace, e.InvolvedObject.Name, e.Message))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // splitKindName reads KIND/NAME or KIND NAME.
@@ -194,6 +233,12 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 			fmt.Fprintln(w, strings.Join(append(cols, p.Reason), "\t"))
 		}
 		w.Flush()
+	}
+	if len(r.Uncounted) > 0 {
+		fmt.Fprintln(out, "\nPods released without being counted in the totals (the aggregator's Events):")
+		for _, line := range r.Uncounted {
+			fmt.Fprintf(out, "  %s\n", line)
+		}
 	}
 	if len(r.NotCounted) > 0 {
 		fmt.Fprintf(out, "\nLabelled %s=%s but not counted:\n", keys.ParentUID, r.Parent.UID)
