@@ -176,9 +176,18 @@ var Indexers = toolscache.Indexers{
 // PodsOf returns the cached pods filed under the parent's UID. The pods are
 // shared with the cache and must not be modified.
 func PodsOf(indexer toolscache.Indexer, uid types.UID) ([]*Pod, error) {
-	objs, err := indexer.ByIndex(ParentIndex, string(uid))
+	pods, err := byIndex(indexer, ParentIndex, string(uid))
 	if err != nil {
 		return nil, fmt.Errorf("listing pods of parent %s: %w", uid, err)
+	}
+	return pods, nil
+}
+
+// byIndex returns the cached pods filed under key in index.
+func byIndex(indexer toolscache.Indexer, index, key string) ([]*Pod, error) {
+	objs, err := indexer.ByIndex(index, key)
+	if err != nil {
+		return nil, err
 	}
 	pods := make([]*Pod, 0, len(objs))
 	for _, obj := range objs {

@@ -173,15 +173,9 @@ func overdue(held []*Pod, before map[types.UID]time.Time, now time.Time, grace t
 }
 
 func (u *Unrecorded) byIndex(index string, kind schema.GroupKind) ([]*Pod, error) {
-	objs, err := u.pods.ByIndex(index, kind.String())
+	pods, err := byIndex(u.pods, index, kind.String())
 	if err != nil {
 		return nil, fmt.Errorf("listing the pods of %s held by the tracking finalizer: %w", kind, err)
-	}
-	pods := make([]*Pod, 0, len(objs))
-	for _, obj := range objs {
-		if pod, ok := obj.(*Pod); ok {
-			pods = append(pods, pod)
-		}
 	}
 	return pods, nil
 }
