@@ -144,10 +144,11 @@ func TestPolicyFencesTheAggregator(t *testing.T) {
 		{"the intent", `{"metadata":{"annotations":{"tally.dev/completion-intent":null}}}`, "may not set or change a completion intent"},
 		{"the spec", `{"spec":{"activeDeadlineSeconds":5}}`, "may not change a pod's owners, spec, or finalizers other than tally.dev/tracking"},
 		{"another finalizer", `{"metadata":{"finalizers":["example.com/keep"]}}`, "finalizers other than tally.dev/tracking"},
-		{"the tracking finalizer, added", `{"metadata":{"finalizers":["tally.dev/tracking"]}}`, ""},
-		{"the tracking finalizer, removed", `{"metadata":{"finalizers":null}}`, ""},
+		{"the tracking finalizer, on a pod not stamped", `{"metadata":{"finalizers":["tally.dev/tracking"]}}`, "may add tally.dev/tracking only to a pod stamped with its controller's UID"},
 		{"a requester it did not see", `{"metadata":{"annotations":{"tally.dev/completion-intent-by":"alice"}}}`, "may not set or change a completion intent"},
 		{"its identity", fmt.Sprintf(`{"metadata":{"labels":{"tally.dev/parent-uid":%q,"tally.dev/parent-name":"pool"},"annotations":{"tally.dev/parent":"WorkerPool.example.tally.dev/pool"}}}`, uid), ""},
+		{"the tracking finalizer, added", `{"metadata":{"finalizers":["tally.dev/tracking"]}}`, ""},
+		{"the tracking finalizer, removed", `{"metadata":{"finalizers":null}}`, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
