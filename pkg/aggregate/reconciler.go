@@ -146,8 +146,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if result, err := r.applyCounts(ctx, parent, counts, nil); err != nil || result.RequeueAfter > 0 {
 			return result, err
 		}
-		// Served again later (a CRD fixed): track the running pods then.
-		return reconcile.Result{RequeueAfter: servable.Interval}, nil
+		// Served again later (a CRD fixed, a schema published): track the
+		// running pods then.
+		after := servable.Interval
+		if p := r.Totals.Problem(r.gvk.GroupKind()); p != nil && p.Unknown {
+			after = servable.RetryUnknown
+		}
+		return reconcile.Result{RequeueAfter: after}, nil
 	}
 	released := r.releases.of(parent.GetUID())
 	has := func(uid types.UID) bool { return released[uid] }

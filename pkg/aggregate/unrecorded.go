@@ -124,7 +124,8 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	}
 	kind := p.GroupKind()
 	if problem := u.gate.Problem(kind); problem != nil {
-		if problem.Err == nil || problem.Name == "not-checked" {
+		if problem.Unknown {
+			// The API server could not tell: nothing is released on that.
 			return nil
 		}
 		pods, err := u.byIndex(TrackingKindIndex, kind)

@@ -11,8 +11,12 @@ import (
 	"tally.dev/tally/pkg/config"
 )
 
-// Interval is how often a Gate checks its kinds again.
-const Interval = 30 * time.Second
+// Interval is how often a Gate checks its kinds again; RetryUnknown, while
+// the API server could not tell for some kind.
+const (
+	Interval     = 30 * time.Second
+	RetryUnknown = 2 * time.Second
+)
 
 // Gate tells which kinds with totals the API server serves as tally needs
 // (Checker.Totals), checking again every Interval. Until its first check a
@@ -36,7 +40,7 @@ func NewGate(checker *Checker, parents []config.Parent, log logr.Logger) *Gate {
 	for _, p := range parents {
 		if p.Tracked() {
 			g.parents = append(g.parents, p)
-			g.problems[p.GroupKind()] = &Problem{"not-checked", errNotChecked}
+			g.problems[p.GroupKind()] = unknown("not-checked", errNotChecked)
 		}
 	}
 	return g
@@ -83,22 +87,32 @@ func (g *Gate) Wait(ctx context.Context) error {
 	}
 }
 
-// Check checks every kind now.
-func (g *Gate) Check() {
+// Check checks every kind now, and reports whether the API server could
+// tell for each.
+func (g *Gate) Check() (known bool) {
 	defer g.once.Do(func() { close(g.checked) })
+	known = true
 	for _, p := range g.parents {
 		problem := g.checker.Totals(p)
 		g.mu.Lock()
 		before := g.problems[p.GroupKind()]
 		g.problems[p.GroupKind()] = problem
 		g.mu.Unlock()
+		if problem != nil && problem.Unknown {
+			known = false
+		}
 		switch {
-		case problem != nil && (before == nil || before.Err == errNotChecked):
+		case problem != nil && problem.Unknown:
+			if log := g.log.V(1); log.Enabled() {
+				log.Info("Cannot tell yet whether the kind can keep totals; checking again", "kind", p.GroupKind().String(), "reason", problem.Err.Error())
+			}
+		case problem != nil && (before == nil || before.Unknown):
 			g.log.Error(problem, "Kind cannot keep totals: its pods get no tracking finalizer and lose it if they have it", "kind", p.GroupKind().String(), "problem", problem.Name)
 		case problem == nil && before != nil:
 			g.log.Info("Kind keeps totals: its pods get the tracking finalizer", "kind", p.GroupKind().String())
 		}
 	}
+	return known
 }
 
 // Start checks every kind, then again every Interval until ctx is done.
@@ -107,14 +121,15 @@ func (g *Gate) Start(ctx context.Context) error {
 		g.once.Do(func() { close(g.checked) })
 		return nil
 	}
-	ticker := time.NewTicker(Interval)
-	defer ticker.Stop()
 	for {
-		g.Check()
+		next := Interval
+		if !g.Check() {
+			next = RetryUnknown
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-ticker.C:
+		case <-time.After(next):
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
@@ -26,7 +27,13 @@ type Problem struct {
 	// resource-mismatch, no-status-subresource, totals-not-in-schema.
 	Name string
 	Err  error
+	// Unknown reports that the API server could not tell (an error, or a
+	// schema not published yet): nothing may be concluded from it but that
+	// the kind is not known to be served.
+	Unknown bool
 }
+
+func unknown(name string, err error) *Problem { return &Problem{Name: name, Err: err, Unknown: true} }
 
 func (p *Problem) Error() string { return p.Err.Error() }
 
@@ -47,21 +54,25 @@ func NewChecker(mapper meta.RESTMapper, disco discovery.DiscoveryInterface) *Che
 func (c *Checker) Kind(p config.Parent) *Problem {
 	mapping, err := c.mapper.RESTMapping(p.GroupKind(), p.Version)
 	if err != nil {
-		return &Problem{"not-served", fmt.Errorf("the API server does not serve %s: %w", p.GroupVersionKind(), err)}
+		problem := &Problem{Name: "not-served", Err: fmt.Errorf("the API server does not serve %s: %w", p.GroupVersionKind(), err)}
+		problem.Unknown = !meta.IsNoMatchError(err)
+		return problem
 	}
 	if mapping.Scope.Name() == meta.RESTScopeNameRoot {
-		return &Problem{"cluster-scoped", fmt.Errorf("%s is cluster-scoped; a parent kind must be namespaced", p.GroupVersionKind())}
+		return &Problem{Name: "cluster-scoped", Err: fmt.Errorf("%s is cluster-scoped; a parent kind must be namespaced", p.GroupVersionKind())}
 	}
 	resource := mapping.Resource.Resource
 	if p.Resource != "" && p.Resource != resource {
-		return &Problem{"resource-mismatch", fmt.Errorf("%s is served as resource %q, not %q as configured", p.GroupVersionKind(), resource, p.Resource)}
+		return &Problem{Name: "resource-mismatch", Err: fmt.Errorf("%s is served as resource %q, not %q as configured", p.GroupVersionKind(), resource, p.Resource)}
 	}
 	list, err := c.disco.ServerResourcesForGroupVersion(p.GroupVersionKind().GroupVersion().String())
 	if err != nil {
-		return &Problem{"not-served", fmt.Errorf("discovering %s: %w", p.GroupVersionKind().GroupVersion(), err)}
+		problem := &Problem{Name: "not-served", Err: fmt.Errorf("discovering %s: %w", p.GroupVersionKind().GroupVersion(), err)}
+		problem.Unknown = !apierrors.IsNotFound(err)
+		return problem
 	}
 	if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource+"/status" }) {
-		return &Problem{"no-status-subresource", fmt.Errorf("%s has no status subresource: enable it in the CRD (subresources: {status: {}})", p.GroupVersionKind())}
+		return &Problem{Name: "no-status-subresource", Err: fmt.Errorf("%s has no status subresource: enable it in the CRD (subresources: {status: {}})", p.GroupVersionKind())}
 	}
 	return nil
 }
@@ -79,24 +90,26 @@ func (c *Checker) Totals(p config.Parent) *Problem {
 	if gv.Group == "" {
 		path = "api/" + gv.Version
 	}
+	// The API server publishes a kind's schema a moment after it serves
+	// the kind: until it does, nothing is known.
 	paths, err := c.disco.OpenAPIV3().Paths()
 	if err != nil {
-		return &Problem{"not-served", fmt.Errorf("reading the API server's schemas: %w", err)}
+		return unknown("schema-unknown", fmt.Errorf("reading the API server's schemas: %w", err))
 	}
 	doc, ok := paths[path]
 	if !ok {
-		return &Problem{"not-served", fmt.Errorf("the API server publishes no schema for %s", gv)}
+		return unknown("schema-unknown", fmt.Errorf("the API server publishes no schema for %s yet", gv))
 	}
 	data, err := doc.Schema("application/json")
 	if err != nil {
-		return &Problem{"not-served", fmt.Errorf("reading the schema of %s: %w", gv, err)}
+		return unknown("schema-unknown", fmt.Errorf("reading the schema of %s: %w", gv, err))
 	}
 	missing, err := Undeclared(data, p)
 	if err != nil {
-		return &Problem{"not-served", fmt.Errorf("reading the schema of %s: %w", gv, err)}
+		return unknown("schema-unknown", fmt.Errorf("reading the schema of %s: %w", gv, err))
 	}
 	if len(missing) > 0 {
-		return &Problem{"totals-not-in-schema", fmt.Errorf("the schema of %s does not declare %s: its totals cannot be kept", p.GroupVersionKind(), strings.Join(missing, ", "))}
+		return &Problem{Name: "totals-not-in-schema", Err: fmt.Errorf("the schema of %s does not declare %s: its totals cannot be kept", p.GroupVersionKind(), strings.Join(missing, ", "))}
 	}
 	return nil
 }
