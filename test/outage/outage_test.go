@@ -8,16 +8,24 @@ package outage
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -134,4 +142,194 @@ func TestStaleWindowIsVisible(t *testing.T) {
 	t.Logf("cut off for %.1fs; counts right %.2fs after the connection came back", outage.Seconds(), converged.Seconds())
 	assert.Contains(t, logs.String(), "Pod watch interrupted")
 	assert.Contains(t, logs.String(), "Pod watch delivering again")
+}
+
+// podWatchBreaker fails the pod list and watch requests of the transport it
+// wraps while broken, and ends the pod watches open when it breaks: the pod
+// watch broken while the API server answers everything else.
+type podWatchBreaker struct {
+	mu      sync.Mutex
+	broken  bool
+	watches []io.Closer
+}
+
+func (b *podWatchBreaker) wrap(cfg *rest.Config) {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+			if req.URL.Path != "/api/v1/pods" {
+				return rt.RoundTrip(req)
+			}
+			b.mu.Lock()
+			broken := b.broken
+			b.mu.Unlock()
+			if broken {
+				return nil, errors.New("pod watch broken by the test")
+			}
+			resp, err := rt.RoundTrip(req)
+			if err == nil && req.URL.Query().Get("watch") == "true" {
+				b.mu.Lock()
+				b.watches = append(b.watches, resp.Body)
+				b.mu.Unlock()
+			}
+			return resp, err
+		})
+	})
+}
+
+func (b *podWatchBreaker) set(broken bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.broken = broken
+	if broken {
+		for _, w := range b.watches {
+			w.Close()
+		}
+		b.watches = nil
+	}
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// watchCompleting records every value of a pool's status.completing, as
+// watched.
+func watchCompleting(t *testing.T, ns string) func() []int64 {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(env.Config)
+	require.NoError(t, err)
+	w, err := dyn.Resource(builder.WorkerPoolGVK.GroupVersion().WithResource("workerpools")).Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+	var mu sync.Mutex
+	var seen []int64
+	go func() {
+		for ev := range w.ResultChan() {
+			if u, ok := ev.Object.(*unstructured.Unstructured); ok {
+				v, found, _ := unstructured.NestedInt64(u.Object, "status", "completing")
+				if found {
+					mu.Lock()
+					seen = append(seen, v)
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	return func() []int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+}
+
+// createPool creates a pool of n stamped pods in a new namespace.
+func createPool(t *testing.T, n int) (string, []*corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	ns, err := env.Namespace(ctx, "outage")
+	require.NoError(t, err)
+	pool := builder.WorkerPool(ns, "pool", int64(n))
+	require.NoError(t, env.Client.Create(ctx, pool))
+	var pods []*corev1.Pod
+	for i := range n {
+		pod := builder.Pod(ns, fmt.Sprintf("pool-%d", i)).ControlledBy(builder.WorkerPoolGVK, "pool", pool.GetUID()).
+			Label(keys.ParentUID, string(pool.GetUID())).Build()
+		require.NoError(t, env.Client.Create(ctx, pod))
+		pods = append(pods, pod)
+	}
+	return ns, pods
+}
+
+func markIntent(t *testing.T, pods []*corev1.Pod) {
+	t.Helper()
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+keys.CompletionIntent+`":"scale-down"}}}`))
+	for _, p := range pods {
+		require.NoError(t, env.Client.Patch(context.Background(), p.DeepCopy(), patch))
+	}
+}
+
+var workerPools = &config.Config{Parents: []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: config.DefaultCounts}}}
+
+// TestNoWriteFromAStaleView: while the pod watch is broken and the API
+// server answers everything else, a parent event (someone overwrites the
+// status) is not answered with counts from the stale pods; once the watch
+// delivers again, the counts are written right, by themselves.
+func TestNoWriteFromAStaleView(t *testing.T) {
+	ctx := context.Background()
+	ns, pods := createPool(t, 6)
+	cfg := rest.CopyConfig(env.Config)
+	var breaker podWatchBreaker
+	breaker.wrap(cfg)
+	aggCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(aggCtx, workerPools, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2})
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
+	seen := watchCompleting(t, ns)
+
+	breaker.set(true)
+	require.Eventually(t, func() bool { return staleSeconds(t) > 0 }, 10*time.Second, 50*time.Millisecond, "the broken pod watch is not noticed")
+	markIntent(t, pods[:3])
+	// A parent event: the status overwritten. From the stale pods the
+	// aggregator would write completing: 0 over it.
+	pool := builder.WorkerPool(ns, "pool", 6)
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
+	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(99), "status", "completing"))
+	require.NoError(t, env.Client.Status().Update(ctx, pool))
+	time.Sleep(4 * time.Second)
+	assert.Equal(t, int64(99), completing(t, ns), "written from a pod view known to be stale")
+
+	breaker.set(false)
+	restored := time.Now()
+	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 30*time.Second, 50*time.Millisecond)
+	t.Logf("pod watch broken %s; counts right %s after it could deliver again", 4*time.Second, time.Since(restored).Round(10*time.Millisecond))
+	values := seen()
+	i := slices.Index(values, 99)
+	require.GreaterOrEqual(t, i, 0, "%v", values)
+	assert.NotContains(t, values[i:], int64(0), "a stale count was written after the parent event: %v", values)
+}
+
+// TestRecoversInSeconds: the API server unreachable (a cut proxy: every
+// connection closed, new ones refused) for 5 s and for 40 s, with leader
+// election (the 40 s outage costs the lease): the aggregator never exits,
+// and its counts are right within seconds of the API server's return.
+func TestRecoversInSeconds(t *testing.T) {
+	ctx := context.Background()
+	host, err := url.Parse(env.Config.Host)
+	require.NoError(t, err)
+	p, err := framework.NewProxy(host.Host)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Host = "https://" + p.Addr()
+	cfg.ServerName = host.Hostname()
+	leaseNS, err := env.Namespace(ctx, "lease")
+	require.NoError(t, err)
+	aggCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(aggCtx, workerPools, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2,
+			LeaderElect: true, LeaderElectionNamespace: leaseNS, LeaderElectionID: "outage"})
+	}()
+	t.Cleanup(func() { stop(); <-done })
+
+	for _, outage := range []time.Duration{5 * time.Second, 40 * time.Second} {
+		ns, pods := createPool(t, 6)
+		require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond)
+		p.CutOff()
+		markIntent(t, pods[:4])
+		time.Sleep(outage)
+		select {
+		case err := <-done:
+			t.Fatalf("the aggregator exited during a %s outage: %v", outage, err)
+		default:
+		}
+		p.Restore()
+		restored := time.Now()
+		require.Eventually(t, func() bool { return completing(t, ns) == 4 }, 15*time.Second, 50*time.Millisecond,
+			"counts not right 15 s after a %s outage", outage)
+		t.Logf("API server away %s: counts right %s after it answered again", outage, time.Since(restored).Round(10*time.Millisecond))
+	}
 }

@@ -6,7 +6,9 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"tally.dev/tally/internal/apiwait"
 	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
@@ -63,10 +66,62 @@ const DefaultLeaderElectionID = "tally-aggregator"
 
 // Run runs the aggregator until ctx is done. /readyz reports ready once the
 // caches have synced, on the leader and on standbys alike; no status is
-// written before that, nor by a replica that may have lost the lease.
+// written before that, nor by a replica that may have lost the lease, nor
+// from a pod view known to be stale. When its manager cannot start (the API
+// server unreachable) or stops (the lease lost), the aggregator starts a new
+// one in this process after a bounded back-off, not ready meanwhile: a
+// process that exited instead would pile up the kubelet's restart back-off
+// (up to 5 minutes) on top of the outage.
 func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options) error {
 	log := ctrl.Log.WithName("aggregator")
 	ctx = ctrl.LoggerInto(ctx, log)
+	if err := opts.validate(); err != nil {
+		return err
+	}
+	restCfg = rest.CopyConfig(restCfg)
+	watch := newWatchMonitor(log)
+	watch.wrap(restCfg)
+	podWatchStale.Lock()
+	podWatchStale.monitor = watch
+	podWatchStale.Unlock()
+	if opts.QPS > 0 {
+		restCfg.QPS = opts.QPS
+	}
+	if opts.Burst > 0 {
+		restCfg.Burst = opts.Burst
+	}
+	if opts.ContentType == "json" {
+		restCfg.ContentType = runtime.ContentTypeJSON
+	}
+	// controller-runtime asks for protobuf for built-in kinds when the
+	// config names no content type; custom resources travel as JSON.
+
+	identity, err := newIdentity()
+	if err != nil {
+		return err
+	}
+	backoff := restartBackoff{min: 500 * time.Millisecond, max: 2 * time.Second}
+	for {
+		start := time.Now()
+		err := runManager(ctx, cfg, restCfg, opts, watch, identity)
+		if ctx.Err() != nil {
+			log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
+			return nil
+		}
+		wait := backoff.next(time.Since(start))
+		if errors.Is(err, errStaleLeader) {
+			// Let a replica with a fresh view take the lease first.
+			wait = 2 * RetryPeriod
+		}
+		log.Error(err, "Aggregator stopped; starting again in this process", "ran", time.Since(start).Round(time.Second).String(), "in", wait.String())
+		if err := waitNotReady(ctx, opts.ProbeAddr, wait); err != nil {
+			return err
+		}
+	}
+}
+
+// validate checks the options and fills in their defaults.
+func (opts *Options) validate() error {
 	if opts.MaxConcurrentReconciles < 1 {
 		return fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", opts.MaxConcurrentReconciles)
 	}
@@ -82,32 +137,30 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if opts.TrackingGrace < time.Second {
 		return fmt.Errorf("--tracking-grace must be at least 1s, not %s", opts.TrackingGrace)
 	}
-	restCfg = rest.CopyConfig(restCfg)
-	watch := newWatchMonitor(log)
-	watch.wrap(restCfg)
-	podWatchStale.Lock()
-	podWatchStale.monitor = watch
-	podWatchStale.Unlock()
-	if opts.QPS > 0 {
-		restCfg.QPS = opts.QPS
-	}
-	if opts.Burst > 0 {
-		restCfg.Burst = opts.Burst
-	}
 	if opts.LeaderElectionID == "" {
 		opts.LeaderElectionID = DefaultLeaderElectionID
 	}
 	switch opts.ContentType {
-	case "", "protobuf":
-		// controller-runtime asks for protobuf for built-in kinds when the
-		// config names no content type; custom resources travel as JSON.
-	case "json":
-		restCfg.ContentType = runtime.ContentTypeJSON
+	case "", "protobuf", "json":
 	default:
 		return fmt.Errorf("--kube-api-content-type must be protobuf or json, not %q", opts.ContentType)
 	}
+	if opts.LeaderElect && opts.LeaderElectionNamespace == "" {
+		ns, err := os.ReadFile(inClusterNamespace)
+		if err != nil {
+			return errors.New("--leader-election-namespace is required outside a cluster")
+		}
+		opts.LeaderElectionNamespace = string(ns)
+	}
+	return nil
+}
+
+// runManager runs one manager until ctx is done or it stops.
+func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options, watch *watchMonitor, identity string) error {
+	log := ctrl.LoggerFrom(ctx)
 	mgrOpts := manager.Options{
 		Cache:                  aggregate.CacheOptions(cfg.Parents),
+		NewCache:               apiwait.NewCache,
 		Metrics:                command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
 		HealthProbeBindAddress: opts.ProbeAddr,
 		Logger:                 log,
@@ -115,9 +168,12 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	aggOpts := aggregate.Options{
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles, BackfillInterval: opts.BackfillInterval, VerifyOwner: cfg.VerifyOwner,
 		TrackingGrace: opts.TrackingGrace,
+		// Never from a pod view known to be stale: a parent event while the
+		// pod watch is broken would be counted from pods that moved since.
+		MayWrite: watch.fresh,
 	}
 	if opts.LeaderElect {
-		lock, err := newFencedLock(restCfg, opts.LeaderElectionNamespace, opts.LeaderElectionID)
+		lock, err := newFencedLock(restCfg, opts.LeaderElectionNamespace, opts.LeaderElectionID, identity)
 		if err != nil {
 			return err
 		}
@@ -125,7 +181,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		mgrOpts.LeaderElectionResourceLockInterface = lock
 		mgrOpts.LeaseDuration, mgrOpts.RenewDeadline, mgrOpts.RetryPeriod = ptr.To(LeaseDuration), ptr.To(RenewDeadline), ptr.To(RetryPeriod)
 		mgrOpts.LeaderElectionReleaseOnCancel = true
-		aggOpts.MayWrite = lock.Holds
+		aggOpts.MayWrite = func() bool { return lock.Holds() && watch.fresh() }
 	}
 	mgr, err := ctrl.NewManager(restCfg, mgrOpts)
 	if err != nil {
@@ -137,17 +193,18 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggOpts); err != nil {
 		return err
 	}
-
 	if err := command.AddReadyWhenCachesSynced(mgr); err != nil {
 		return err
+	}
+	if opts.LeaderElect {
+		if err := mgr.Add(staleLeader(restCfg, watch)); err != nil {
+			return err
+		}
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	start := time.Now()
 	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect, "leaderElectionID", opts.LeaderElectionID,
 		"maxConcurrentReconciles", opts.MaxConcurrentReconciles, "backfillInterval", opts.BackfillInterval.String(), "trackingGrace", opts.TrackingGrace.String(), "verifyOwner", cfg.VerifyOwner)
-	err = mgr.Start(ctx)
-	log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
-	return err
+	return mgr.Start(ctx)
 }

@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/discovery"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
 // Leader election timing: a standby takes over LeaseDuration after the
@@ -41,20 +43,21 @@ type fencedLock struct {
 	validUntil time.Time
 }
 
-// newFencedLock returns the Lease lock named id in namespace (the pod's own
-// when empty), with a unique identity for this process.
-func newFencedLock(cfg *rest.Config, namespace, id string) (*fencedLock, error) {
-	if namespace == "" {
-		ns, err := os.ReadFile(inClusterNamespace)
-		if err != nil {
-			return nil, errors.New("--leader-election-namespace is required outside a cluster")
-		}
-		namespace = string(ns)
-	}
+// newIdentity returns this process's identity in leader election: one for
+// the life of the process, so that a manager started again in it after the
+// API server was away renews its own lease at once instead of waiting a
+// whole lease for it to expire.
+func newIdentity() (string, error) {
 	host, err := os.Hostname()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
+	return host + "_" + string(uuid.NewUUID()), nil
+}
+
+// newFencedLock returns the Lease lock named id in namespace, held as
+// identity.
+func newFencedLock(cfg *rest.Config, namespace, id, identity string) (*fencedLock, error) {
 	cfg = rest.AddUserAgent(rest.CopyConfig(cfg), "leader-election")
 	// One hung request must not cost the lease.
 	cfg.Timeout = RenewDeadline / 2
@@ -67,7 +70,7 @@ func newFencedLock(cfg *rest.Config, namespace, id string) (*fencedLock, error) 
 		return nil, err
 	}
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, namespace, id, core, coord,
-		resourcelock.ResourceLockConfig{Identity: host + "_" + string(uuid.NewUUID())})
+		resourcelock.ResourceLockConfig{Identity: identity})
 	if err != nil {
 		return nil, fmt.Errorf("creating the leader election lock: %w", err)
 	}
@@ -106,4 +109,45 @@ func (l *fencedLock) Holds() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return time.Now().Before(l.validUntil)
+}
+
+// staleLeaderAfter is how long the leader keeps the lease while its pod view
+// is stale and the API server answers.
+const staleLeaderAfter = 10 * time.Second
+
+// errStaleLeader stops a leader whose pod view stays stale while the API
+// server answers.
+var errStaleLeader = errors.New("giving up the lease: the pod view stayed stale while the API server answers")
+
+// staleLeader runs on the leader: when its pod view has been stale for
+// staleLeaderAfter while the API server answers, it stops the manager, which
+// releases the lease, so that a replica with a fresh view takes over (this
+// one starts again with new caches, and competes after 2 RetryPeriods). A
+// view that is stale because the API server is away is not its fault: every
+// replica's is.
+func staleLeader(restCfg *rest.Config, watch *watchMonitor) manager.Runnable {
+	return manager.RunnableFunc(func(ctx context.Context) error {
+		cfg := rest.CopyConfig(restCfg)
+		cfg.Timeout = 2 * time.Second
+		disco, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		ticker := time.NewTicker(time.Second)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-ticker.C:
+			}
+			if stale := watch.stale(); stale < staleLeaderAfter {
+				continue
+			}
+			if _, err := disco.ServerVersion(); err != nil {
+				continue
+			}
+			return fmt.Errorf("%w (stale for %s)", errStaleLeader, watch.stale().Round(time.Second))
+		}
+	})
 }

@@ -136,6 +136,10 @@ func (m *watchMonitor) healthy() {
 	m.brokenSince = time.Time{}
 }
 
+// fresh reports whether the pod view is not known to be stale: the pod
+// watch delivers, or has not been seen broken since it last did.
+func (m *watchMonitor) fresh() bool { return m.stale() == 0 }
+
 // stale returns how long the pod watch has not been delivering.
 func (m *watchMonitor) stale() time.Duration {
 	m.mu.Lock()

@@ -18,6 +18,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"tally.dev/tally/internal/apiwait"
 	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/mutate"
@@ -56,6 +57,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		Metrics:                command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
 		HealthProbeBindAddress: opts.ProbeAddr,
 		Logger:                 log,
+		// The owner cache (verifyOwner) is fresh within a second of an API
+		// outage's end, whatever its length.
+		NewCache: apiwait.NewCache,
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

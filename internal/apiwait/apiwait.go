@@ -1,0 +1,78 @@
+// Package apiwait keeps tally's informers from backing off while the API
+// server is away. client-go's reflector retries a failed list or watch with
+// an exponential back-off that reaches 30 s (and, with jitter, up to a
+// minute) after a long outage, and neither its shared informers nor
+// controller-runtime's cache let a caller shorten it: the view stays stale
+// for that long after the API server is back. Here a list or watch that the
+// API server does not answer is held and sent again every Poll until it is
+// answered, or its request ends; the reflector sees one slow request instead
+// of a string of failures, so its back-off never grows, and the view is
+// fresh again within Poll of the API server's return.
+package apiwait
+
+import (
+	"io"
+	"net/http"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+)
+
+// NewCache is a manager's cache (manager.Options.NewCache) whose lists and
+// watches are held (Hold): its views are fresh within Poll of the API
+// server's return, however long it was away.
+func NewCache(restCfg *rest.Config, opts cache.Options) (cache.Cache, error) {
+	restCfg = rest.CopyConfig(restCfg)
+	Hold(restCfg, Poll)
+	client, err := rest.HTTPClientFor(restCfg)
+	if err != nil {
+		return nil, err
+	}
+	opts.HTTPClient = client
+	return cache.New(restCfg, opts)
+}
+
+// Poll is how often a held list or watch is sent again.
+const Poll = 500 * time.Millisecond
+
+// Hold makes cfg's list and watch requests (GETs) wait for the API server:
+// one refused or cut (a transport error) or answered with 429 or a 5xx is
+// sent again every poll. Every other request fails as usual. Give it only to
+// clients whose every GET may wait (a cache's): a write, or a leader
+// election's renewal, must fail fast.
+func Hold(cfg *rest.Config, poll time.Duration) {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+			if req.Method != http.MethodGet || req.Body != nil && req.Body != http.NoBody {
+				return rt.RoundTrip(req)
+			}
+			for {
+				resp, err := rt.RoundTrip(req)
+				if answered(resp, err) || req.Context().Err() != nil {
+					return resp, err
+				}
+				if resp != nil {
+					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+					resp.Body.Close()
+				}
+				select {
+				case <-req.Context().Done():
+					return nil, req.Context().Err()
+				case <-time.After(poll):
+				}
+				req = req.Clone(req.Context())
+			}
+		})
+	})
+}
+
+// answered reports whether the API server answered a request: no transport
+// error, and neither 429 nor a 5xx.
+func answered(resp *http.Response, err error) bool {
+	return err == nil && resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode < 500
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -1,0 +1,58 @@
+package apiwait
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
+)
+
+// TestHoldWaitsForTheAPIServer: a list the API server refuses, then answers
+// with 503, is sent again until it is answered, in one call; a write fails
+// at once; a request whose context ends stops waiting.
+func TestHoldWaitsForTheAPIServer(t *testing.T) {
+	var calls, writes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			writes.Add(1)
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		if calls.Add(1) < 4 {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("{}"))
+	}))
+	defer srv.Close()
+	cfg := &rest.Config{Host: srv.URL}
+	Hold(cfg, 10*time.Millisecond)
+	client, err := rest.HTTPClientFor(cfg)
+	require.NoError(t, err)
+
+	resp, err := client.Get(srv.URL + "/api/v1/pods?watch=true")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, int32(4), calls.Load(), "sent again until answered")
+
+	resp, err = client.Post(srv.URL+"/api/v1/namespaces/ns/pods", "application/json", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "a write is not held")
+	assert.Equal(t, int32(1), writes.Load())
+
+	calls.Store(-1000)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/api/v1/pods", nil)
+	require.NoError(t, err)
+	_, err = client.Do(req)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "a held request ends with its context")
+}
