@@ -100,7 +100,7 @@ CLUSTER_UP := $(CLUSTER) up --dir $(CLUSTER_DIR) --bin $(ENVTEST_DIR) --sandbox-
 CLUSTER_DOWN := $(CLUSTER) down --dir $(CLUSTER_DIR) --check
 
 .PHONY: $(CLUSTER)
-$(CLUSTER):
+$(CLUSTER): $(wildcard hack/cluster/*.go)
 	go build -o $@ ./hack/cluster
 
 .PHONY: cluster-up
@@ -115,7 +115,7 @@ cluster-down: $(CLUSTER) ## Stop the one-node cluster and restore the host (fail
 e2e-cluster: $(CLUSTER) cluster-binaries cluster-images $(HELM) ## On a one-node cluster: install the chart for real and run the scenario on real pods; restores the host.
 	@trap 'rc=$$?; $(CLUSTER_DOWN) || rc=1; exit $$rc' EXIT; \
 	$(CLUSTER_UP) && \
-	TALLY_CLUSTER_DIR=$(CLUSTER_DIR) go test ./test/cluster -count=1 -v -timeout 40m
+	TALLY_CLUSTER_DIR=$(CLUSTER_DIR) TALLY_CLUSTER_BIN=$(CLUSTER) go test ./test/cluster -count=1 -v -timeout 40m
 
 # helm, built from source with the version stamps its release build sets.
 HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \

@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"time"
 )
 
 // The cluster's fixed names and addresses.
@@ -57,6 +58,7 @@ func main() {
 	bin := fs.String("bin", "", "directory holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy (up)")
 	sandbox := fs.String("sandbox-image", "", "the pause image's name; an image given to --load must hold it (up)")
 	check := fs.Bool("check", false, "fail if the host differs from what up recorded (down)")
+	outageFor := fs.Duration("for", 2*time.Minute, "how long kube-apiserver stays stopped (outage)")
 	var loads stringList
 	fs.Var(&loads, "load", "an image archive to import into containerd (up; repeatable)")
 	_ = fs.Parse(args)
@@ -82,6 +84,8 @@ func main() {
 		err = c.down(*check)
 	case "load":
 		err = c.load(fs.Args())
+	case "outage":
+		err = c.outage(*outageFor)
 	default:
 		usage()
 	}
@@ -92,7 +96,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: cluster up|down|load --dir DIR [flags]")
+	fmt.Fprintln(os.Stderr, "usage: cluster up|down|load|outage --dir DIR [flags]")
 	os.Exit(2)
 }
 

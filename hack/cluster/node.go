@@ -99,14 +99,47 @@ func (c *cluster) up(images []string) (err error) {
 		return err
 	}
 
+	if err := os.WriteFile(c.path("bin"), []byte(c.bin), 0o644); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	steps := c.steps()
+	for _, s := range steps {
+		t := time.Now()
+		if s.name == "kubelet" {
+			// The sandbox image must be in containerd before the first pod.
+			if err := c.load(images); err != nil {
+				return err
+			}
+		}
+		if err := c.start(s.name, s.args); err != nil {
+			return err
+		}
+		if err := waitFor(ctx, s.name, s.ready); err != nil {
+			return fmt.Errorf("%w (log: %s)", err, c.path("logs", s.name+".log"))
+		}
+		fmt.Printf(">> %-24s ready in %v\n", s.name, time.Since(t).Round(10*time.Millisecond))
+	}
+	if err := c.defaultServiceAccount(ctx); err != nil {
+		return err
+	}
+	fmt.Printf(">> cluster ready in %v; kubeconfig: %s\n", time.Since(start).Round(100*time.Millisecond), c.path("admin.kubeconfig"))
+	return nil
+}
+
+// step is one component of the node: how it is started and when it is
+// ready.
+type step struct {
+	name  string
+	args  []string
+	ready func(context.Context) error
+}
+
+// steps are the node's components, in the order they start.
+func (c *cluster) steps() []step {
 	pki := func(f string) string { return c.path("pki", f) }
-	steps := []struct {
-		name  string
-		args  []string
-		ready func(context.Context) error
-	}{
+	return []step{
 		{"etcd", []string{"--name", "default", "--data-dir", c.path("etcd"),
 			"--listen-client-urls", etcdClient, "--advertise-client-urls", etcdClient,
 			"--listen-peer-urls", etcdPeer, "--initial-advertise-peer-urls", etcdPeer,
@@ -140,26 +173,37 @@ func (c *cluster) up(images []string) (err error) {
 			c.nodeReady},
 		{"kube-proxy", []string{"--config", c.path("kube-proxy.yaml")}, httpReady("http://127.0.0.1:10256/healthz", nil)},
 	}
-	for _, s := range steps {
-		t := time.Now()
-		if s.name == "kubelet" {
-			// The sandbox image must be in containerd before the first pod.
-			if err := c.load(images); err != nil {
-				return err
-			}
+}
+
+// outage stops kube-apiserver for d and starts it again as up started it,
+// as an API server upgrade or a control-plane node reboot would.
+func (c *cluster) outage(d time.Duration) error {
+	bin, err := os.ReadFile(c.path("bin"))
+	if err != nil {
+		return fmt.Errorf("no cluster recorded in %s: %w", c.dir, err)
+	}
+	c.bin = string(bin)
+	const name = "kube-apiserver"
+	if err := c.stop(name); err != nil {
+		return err
+	}
+	fmt.Printf(">> %s stopped for %v\n", name, d)
+	time.Sleep(d)
+	for _, s := range c.steps() {
+		if s.name != name {
+			continue
 		}
+		t := time.Now()
 		if err := c.start(s.name, s.args); err != nil {
 			return err
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
 		if err := waitFor(ctx, s.name, s.ready); err != nil {
 			return fmt.Errorf("%w (log: %s)", err, c.path("logs", s.name+".log"))
 		}
-		fmt.Printf(">> %-24s ready in %v\n", s.name, time.Since(t).Round(10*time.Millisecond))
+		fmt.Printf(">> %s ready again in %v\n", name, time.Since(t).Round(10*time.Millisecond))
 	}
-	if err := c.defaultServiceAccount(ctx); err != nil {
-		return err
-	}
-	fmt.Printf(">> cluster ready in %v; kubeconfig: %s\n", time.Since(start).Round(100*time.Millisecond), c.path("admin.kubeconfig"))
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -259,6 +260,10 @@ func TestRealCluster(t *testing.T) {
 		fig.add("pool deleted -> its pods gone (garbage collector, kubelet): %v", time.Since(start).Round(100*time.Millisecond))
 	})
 
+	t.Run("kube-apiserver stopped for 2 minutes: no crash loop, counts right within seconds", func(t *testing.T) {
+		apiServerOutage(ctx, t, c, dir, fig)
+	})
+
 	memory(ctx, t, cs, fig)
 
 	t.Run("helm uninstall leaves nothing, no finalizer either", func(t *testing.T) {
@@ -284,6 +289,65 @@ func TestRealCluster(t *testing.T) {
 			assert.NotContains(t, p.Finalizers, keys.TrackingFinalizer, "pod %s/%s", p.Namespace, p.Name)
 		}
 	})
+}
+
+// apiServerOutage stops kube-apiserver for 2 minutes (TALLY_CLUSTER_BIN's
+// outage command), marks a running pod of beta the moment the API server
+// answers again, and measures how long tally's counts then take to equal a
+// fresh List; no tally container may have restarted.
+func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, dir string, fig *figures) {
+	bin := os.Getenv("TALLY_CLUSTER_BIN")
+	if bin == "" {
+		t.Skip("TALLY_CLUSTER_BIN is not set: run make e2e-cluster")
+	}
+	restarts := func() map[string]string {
+		var pods corev1.PodList
+		require.NoError(t, c.List(ctx, &pods, client.InNamespace(framework.ReleaseNamespace)))
+		out := map[string]string{}
+		for _, p := range pods.Items {
+			for _, s := range p.Status.ContainerStatuses {
+				state := fmt.Sprint(s.RestartCount)
+				if w := s.State.Waiting; w != nil {
+					state += " " + w.Reason
+				}
+				out[p.Name] = state
+			}
+		}
+		return out
+	}
+	before := restarts()
+	cmd := exec.Command(bin, "outage", "--dir", dir, "--for", "2m")
+	cmd.Stdout, cmd.Stderr = t.Output(), t.Output()
+	require.NoError(t, cmd.Run())
+	back := time.Now()
+
+	var pods corev1.PodList
+	require.NoError(t, c.List(ctx, &pods, client.InNamespace(ns)))
+	var marked string
+	for _, p := range pods.Items {
+		if ref := metav1.GetControllerOf(&p); ref != nil && ref.Name == "beta" && p.Status.Phase == corev1.PodRunning &&
+			p.DeletionTimestamp == nil && p.Annotations[keys.CompletionIntent] == "" {
+			patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+keys.CompletionIntent+`":"outage-test"}}}`))
+			require.NoError(t, c.Patch(ctx, p.DeepCopy(), patch), "marking a pod through the webhook right after the outage")
+			marked = p.Name
+			break
+		}
+	}
+	require.NotEmpty(t, marked, "no running pod of beta to mark")
+	var last string
+	ok := poll(time.Minute, func() bool {
+		settled, line, err := snapshot(ctx, c, "beta")
+		last = line
+		return err == nil && settled
+	})
+	require.True(t, ok, "beta's counts not equal to a fresh List a minute after the outage: %s", last)
+	fig.add("kube-apiserver stopped 2 min: a pod marked the moment it answered again, tally's counts equal a fresh List %v later (%s)",
+		time.Since(back).Round(100*time.Millisecond), last)
+	after := restarts()
+	for pod, state := range after {
+		assert.NotContains(t, state, "CrashLoopBackOff", "pod %s", pod)
+	}
+	assert.Equal(t, before, after, "tally's containers restarted during the outage (restart counts and waiting reasons)")
 }
 
 // churn scales the pools at random and deletes running pods without intent
