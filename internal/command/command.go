@@ -101,6 +101,16 @@ func Main(name string, run func() error) {
 // it holds the leader lease: a standby whose caches are warm is ready to
 // take over, and a rollout must not wait on a lease the old pod holds.
 func AddReadyWhenCachesSynced(mgr manager.Manager) error {
+	check, err := CachesSynced(mgr)
+	if err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("caches", check)
+}
+
+// CachesSynced returns a readiness check that fails until mgr's caches have
+// synced, on every replica.
+func CachesSynced(mgr manager.Manager) (func(*http.Request) error, error) {
 	var synced atomic.Bool
 	if err := mgr.Add(everyReplica(func(ctx context.Context) error {
 		if mgr.GetCache().WaitForCacheSync(ctx) {
@@ -109,14 +119,14 @@ func AddReadyWhenCachesSynced(mgr manager.Manager) error {
 		}
 		return nil
 	})); err != nil {
-		return err
+		return nil, err
 	}
-	return mgr.AddReadyzCheck("caches", func(*http.Request) error {
+	return func(*http.Request) error {
 		if !synced.Load() {
 			return errors.New("caches not synced")
 		}
 		return nil
-	})
+	}, nil
 }
 
 // everyReplica is a runnable that runs whether or not the replica leads.

@@ -336,9 +336,9 @@ func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, dir str
 	require.NotEmpty(t, marked, "no running pod of beta to mark")
 	var last string
 	ok := poll(time.Minute, func() bool {
-		settled, line, err := snapshot(ctx, c, "beta")
+		equal, line, err := countsEqual(ctx, c, "beta")
 		last = line
-		return err == nil && settled
+		return err == nil && equal
 	})
 	require.True(t, ok, "beta's counts not equal to a fresh List a minute after the outage: %s", last)
 	fig.add("kube-apiserver stopped 2 min: a pod marked the moment it answered again, tally's counts equal a fresh List %v later (%s)",
@@ -348,6 +348,28 @@ func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, dir str
 		assert.NotContains(t, state, "CrashLoopBackOff", "pod %s", pod)
 	}
 	assert.Equal(t, before, after, "tally's containers restarted during the outage (restart counts and waiting reasons)")
+}
+
+// countsEqual reports whether every count the pool name shows equals a
+// fresh List of its pods, quiescent or not.
+func countsEqual(ctx context.Context, c client.Client, name string) (bool, string, error) {
+	pool := builder.WorkerPool(ns, name, 0)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+		return false, "", err
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		return false, "", err
+	}
+	truth := framework.Truth(pods.Items, ns, pool.GetUID())
+	equal := true
+	var parts []string
+	for _, count := range config.Counts {
+		v, found, _ := unstructured.NestedInt64(pool.Object, "status", string(count))
+		equal = equal && found && v == truth[count]
+		parts = append(parts, fmt.Sprintf("%s %d/%d", count, v, truth[count]))
+	}
+	return equal, name + " tally/list: " + strings.Join(parts, ", "), nil
 }
 
 // churn scales the pools at random and deletes running pods without intent

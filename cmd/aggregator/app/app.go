@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"tally.dev/tally/internal/apiwait"
@@ -100,10 +99,17 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if err != nil {
 		return err
 	}
+	var p probes
+	stopProbes, err := p.serve(ctx, opts.ProbeAddr)
+	if err != nil {
+		return fmt.Errorf("serving /healthz and /readyz on %s: %w", opts.ProbeAddr, err)
+	}
+	defer stopProbes()
 	backoff := restartBackoff{min: 500 * time.Millisecond, max: 2 * time.Second}
 	for {
 		start := time.Now()
-		err := runManager(ctx, cfg, restCfg, opts, watch, identity)
+		err := runManager(ctx, cfg, restCfg, opts, watch, identity, &p)
+		p.set(nil)
 		if ctx.Err() != nil {
 			log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
 			return nil
@@ -114,8 +120,10 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 			wait = 2 * RetryPeriod
 		}
 		log.Error(err, "Aggregator stopped; starting again in this process", "ran", time.Since(start).Round(time.Second).String(), "in", wait.String())
-		if err := waitNotReady(ctx, opts.ProbeAddr, wait); err != nil {
-			return err
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
 		}
 	}
 }
@@ -156,13 +164,14 @@ func (opts *Options) validate() error {
 }
 
 // runManager runs one manager until ctx is done or it stops.
-func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options, watch *watchMonitor, identity string) error {
+func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options, watch *watchMonitor, identity string, p *probes) error {
 	log := ctrl.LoggerFrom(ctx)
 	mgrOpts := manager.Options{
-		Cache:                  aggregate.CacheOptions(cfg.Parents),
-		NewCache:               apiwait.NewCache,
-		Metrics:                command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
-		HealthProbeBindAddress: opts.ProbeAddr,
+		Cache:    aggregate.CacheOptions(cfg.Parents),
+		NewCache: apiwait.NewCache,
+		Metrics:  command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
+		// The process serves the probes (probes), across managers.
+		HealthProbeBindAddress: "0",
 		Logger:                 log,
 	}
 	aggOpts := aggregate.Options{
@@ -193,16 +202,15 @@ func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, o
 	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggOpts); err != nil {
 		return err
 	}
-	if err := command.AddReadyWhenCachesSynced(mgr); err != nil {
+	synced, err := command.CachesSynced(mgr)
+	if err != nil {
 		return err
 	}
+	p.set(synced)
 	if opts.LeaderElect {
 		if err := mgr.Add(staleLeader(restCfg, watch)); err != nil {
 			return err
 		}
-	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
 	}
 	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect, "leaderElectionID", opts.LeaderElectionID,
 		"maxConcurrentReconciles", opts.MaxConcurrentReconciles, "backfillInterval", opts.BackfillInterval.String(), "trackingGrace", opts.TrackingGrace.String(), "verifyOwner", cfg.VerifyOwner)

@@ -119,12 +119,13 @@ const staleLeaderAfter = 10 * time.Second
 // server answers.
 var errStaleLeader = errors.New("giving up the lease: the pod view stayed stale while the API server answers")
 
-// staleLeader runs on the leader: when its pod view has been stale for
-// staleLeaderAfter while the API server answers, it stops the manager, which
+// staleLeader runs on the leader: when its pod view has stayed stale for
+// staleLeaderAfter while the API server answered, it stops the manager, which
 // releases the lease, so that a replica with a fresh view takes over (this
-// one starts again with new caches, and competes after 2 RetryPeriods). A
-// view that is stale because the API server is away is not its fault: every
-// replica's is.
+// one starts again with new caches, and competes after 2 RetryPeriods). Only
+// the time the API server answered counts: a view that is stale because the
+// API server is away is not this replica's fault (every replica's is), and
+// after an outage the watch needs a moment to deliver again.
 func staleLeader(restCfg *rest.Config, watch *watchMonitor) manager.Runnable {
 	return manager.RunnableFunc(func(ctx context.Context) error {
 		cfg := rest.CopyConfig(restCfg)
@@ -135,19 +136,30 @@ func staleLeader(restCfg *rest.Config, watch *watchMonitor) manager.Runnable {
 		}
 		ticker := time.NewTicker(time.Second)
 		defer ticker.Stop()
+		// answering is since when the API server has answered while the
+		// view was stale; zero when it has not.
+		var answering time.Time
 		for {
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-ticker.C:
 			}
-			if stale := watch.stale(); stale < staleLeaderAfter {
+			if watch.fresh() {
+				answering = time.Time{}
 				continue
 			}
 			if _, err := disco.ServerVersion(); err != nil {
+				answering = time.Time{}
 				continue
 			}
-			return fmt.Errorf("%w (stale for %s)", errStaleLeader, watch.stale().Round(time.Second))
+			if answering.IsZero() {
+				answering = time.Now()
+			}
+			if waited := time.Since(answering); waited >= staleLeaderAfter {
+				return fmt.Errorf("%w (stale for %s, %s of it with the API server answering)", errStaleLeader,
+					watch.stale().Round(time.Second), waited.Round(time.Second))
+			}
 		}
 	})
 }

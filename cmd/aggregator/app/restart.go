@@ -2,9 +2,9 @@ package app
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -26,40 +26,60 @@ func (b *restartBackoff) next(ran time.Duration) time.Duration {
 	return b.last
 }
 
-// waitNotReady waits d, or until ctx is done, serving on probeAddr (unless
-// "0") a /healthz that passes and a /readyz that fails: the process is alive
-// and waiting, not ready, and the kubelet must not restart it.
-func waitNotReady(ctx context.Context, probeAddr string, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	if probeAddr == "0" || probeAddr == "" {
-		select {
-		case <-ctx.Done():
-		case <-timer.C:
+// probes serve /healthz and /readyz for the life of the process, across the
+// managers it runs one after the other: /healthz passes while the process
+// runs (it waits and retries by itself, a restart would not help), /readyz
+// asks the current manager, and fails while none runs.
+type probes struct {
+	mu    sync.Mutex
+	ready func(*http.Request) error
+}
+
+// set makes /readyz ask check; nil: not ready, no manager runs.
+func (p *probes) set(check func(*http.Request) error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ready = check
+}
+
+func (p *probes) readyz(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	check := p.ready
+	p.mu.Unlock()
+	switch {
+	case check == nil:
+		http.Error(w, "not ready: starting, or waiting to start again (the API server cannot be reached, or the lease was lost)", http.StatusServiceUnavailable)
+	default:
+		if err := check(r); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
 		}
-		return nil
+		_, _ = w.Write([]byte("ok"))
 	}
-	ln, err := net.Listen("tcp", probeAddr)
+}
+
+// serve serves the probes on addr until ctx is done; "0" or "" serves none.
+func (p *probes) serve(ctx context.Context, addr string) (func(), error) {
+	if addr == "0" || addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "waiting to start again: the API server cannot be reached, or the lease was lost", http.StatusServiceUnavailable)
-	})
+	mux.HandleFunc("/readyz", p.readyz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	select {
-	case <-ctx.Done():
-	case <-timer.C:
-	}
-	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdown)
-	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	return func() {
+		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+		<-done
+	}, nil
 }
