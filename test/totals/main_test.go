@@ -125,6 +125,9 @@ func startWebhook(t *testing.T, ns, cfg string) {
 	parsed, err := config.Load(cfg)
 	require.NoError(t, err)
 	tracksPools := slices.ContainsFunc(parsed.Parents, func(p config.Parent) bool { return p.GroupKind() == builder.WorkerPoolGVK.GroupKind() })
+	poolTotals := slices.ContainsFunc(parsed.Parents, func(p config.Parent) bool {
+		return p.GroupKind() == builder.WorkerPoolGVK.GroupKind() && p.Tracked()
+	})
 	env.RegisterWebhook(t, parsed.Parents, admissionregistrationv1.WebhookClientConfig{
 		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
 	}, ns, admissionregistrationv1.Fail)
@@ -134,7 +137,9 @@ func startWebhook(t *testing.T, ns, cfg string) {
 		if err := env.Client.Create(context.Background(), probe, client.DryRunAll); err != nil {
 			return false
 		}
-		return probe.Labels[keys.ParentUID] != "" || !tracksPools
+		// With totals, also until the webhook has found the kind served
+		// for them (its first check).
+		return !tracksPools || probe.Labels[keys.ParentUID] != "" && (!poolTotals || slices.Contains(probe.Finalizers, keys.TrackingFinalizer))
 	}, 30*time.Second, 100*time.Millisecond, "the webhook registration never took effect")
 }
 
