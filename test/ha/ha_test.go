@@ -217,7 +217,9 @@ func TestStandbyIsReadyAndTakesOver(t *testing.T) {
 
 // TestDeposedLeaderCannotWrite: a leader paused past its lease (SIGSTOP)
 // resumes after a standby took over and the pods changed: none of the
-// values it computed from its stale caches reaches the parent, and it exits.
+// values it computed from its stale caches reaches the parent, and it starts
+// again in its process, as a standby (it does not exit: a restart by the
+// kubelet would add its back-off).
 func TestDeposedLeaderCannotWrite(t *testing.T) {
 	ctx := context.Background()
 	ns, leaseNS, pods, a, _ := replicas(t, 20)
@@ -249,8 +251,12 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 	}()
 
 	require.NoError(t, a.Signal(syscall.SIGCONT))
-	require.Eventually(t, func() bool { exited, _ := a.Exited(); return exited }, 30*time.Second, 100*time.Millisecond,
-		"the deposed leader did not exit after it lost the lease")
+	require.Eventually(t, func() bool {
+		log, err := os.ReadFile(a.LogPath())
+		return err == nil && strings.Contains(string(log), "starting again in this process")
+	}, 30*time.Second, 100*time.Millisecond, "the deposed leader did not stop its manager after it lost the lease")
+	exited, _ := a.Exited()
+	require.False(t, exited, "the deposed leader exited")
 	time.Sleep(2 * time.Second)
 	mu.Lock()
 	defer mu.Unlock()

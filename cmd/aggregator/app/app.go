@@ -114,6 +114,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 			log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
 			return nil
 		}
+		if errors.Is(err, errConfig) {
+			return err
+		}
 		wait := backoff.next(time.Since(start))
 		if errors.Is(err, errStaleLeader) {
 			// Let a replica with a fresh view take the lease first.
@@ -127,6 +130,10 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		}
 	}
 }
+
+// errConfig marks a configuration the API server refuses: starting again
+// cannot help, the aggregator exits.
+var errConfig = errors.New("the configuration cannot be served")
 
 // validate checks the options and fills in their defaults.
 func (opts *Options) validate() error {
@@ -197,7 +204,7 @@ func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, o
 		return fmt.Errorf("creating manager: %w", err)
 	}
 	if err := command.CheckScopes(mgr.GetRESTMapper(), cfg.Parents); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errConfig, err)
 	}
 	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggOpts); err != nil {
 		return err
