@@ -353,23 +353,11 @@ func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, dir str
 // countsEqual reports whether every count the pool name shows equals a
 // fresh List of its pods, quiescent or not.
 func countsEqual(ctx context.Context, c client.Client, name string) (bool, string, error) {
-	pool := builder.WorkerPool(ns, name, 0)
-	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+	r, err := read(ctx, c, ns, name)
+	if err != nil {
 		return false, "", err
 	}
-	var pods corev1.PodList
-	if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
-		return false, "", err
-	}
-	truth := framework.Truth(pods.Items, ns, pool.GetUID())
-	equal := true
-	var parts []string
-	for _, count := range config.Counts {
-		v, found, _ := unstructured.NestedInt64(pool.Object, "status", string(count))
-		equal = equal && found && v == truth[count]
-		parts = append(parts, fmt.Sprintf("%s %d/%d", count, v, truth[count]))
-	}
-	return equal, name + " tally/list: " + strings.Join(parts, ", "), nil
+	return r.equal, name + " tally/list: " + r.counts, nil
 }
 
 // churn scales the pools at random and deletes running pods without intent
@@ -608,32 +596,53 @@ func snapshot(ctx context.Context, c client.Client, name string) (bool, string, 
 
 // snapshotIn is snapshot for the pool name of namespace ns.
 func snapshotIn(ctx context.Context, c client.Client, ns, name string) (bool, string, error) {
+	r, err := read(ctx, c, ns, name)
+	if err != nil {
+		return false, "", err
+	}
+	desired, _, _ := unstructured.NestedInt64(r.pool.Object, "spec", "replicas")
+	settled := r.equal && r.truth[config.Active] == desired && r.truth[config.Completing] == 0 && r.truth[config.Completed] == 0 && r.truth[config.Unexpected] == 0
+	for _, p := range r.pods {
+		if ref := metav1.GetControllerOf(&p); ref != nil && ref.UID == r.pool.GetUID() && p.Status.Phase == corev1.PodPending {
+			settled = false
+		}
+	}
+	return settled, fmt.Sprintf("%s desired %d, tally/list: %s", name, desired, r.counts), nil
+}
+
+// reading is a pool, its namespace's pods and a fresh count of the pool's.
+type reading struct {
+	pool  *unstructured.Unstructured
+	pods  []corev1.Pod
+	truth map[config.Count]int64
+	// equal reports that every count the pool shows equals truth; counts
+	// shows both, as "count tally/fresh".
+	equal  bool
+	counts string
+}
+
+// read reads the pool name of namespace ns and counts its pods afresh.
+func read(ctx context.Context, c client.Client, ns, name string) (reading, error) {
 	pool := builder.WorkerPool(ns, name, 0)
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
-		return false, "", err
+		return reading{}, err
 	}
 	var pods corev1.PodList
 	if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
-		return false, "", err
+		return reading{}, err
 	}
-	truth := framework.Truth(pods.Items, ns, pool.GetUID())
-	desired, _, _ := unstructured.NestedInt64(pool.Object, "spec", "replicas")
-	settled := truth[config.Active] == desired && truth[config.Completing] == 0 && truth[config.Completed] == 0 && truth[config.Unexpected] == 0
+	r := reading{pool: pool, pods: pods.Items, truth: framework.Truth(pods.Items, ns, pool.GetUID()), equal: true}
 	var parts []string
 	for _, count := range config.Counts {
 		v, found, _ := unstructured.NestedInt64(pool.Object, "status", string(count))
 		if !found {
 			v = -1
 		}
-		settled = settled && v == truth[count]
-		parts = append(parts, fmt.Sprintf("%s %d/%d", count, v, truth[count]))
+		r.equal = r.equal && v == r.truth[count]
+		parts = append(parts, fmt.Sprintf("%s %d/%d", count, v, r.truth[count]))
 	}
-	for _, p := range pods.Items {
-		if ref := metav1.GetControllerOf(&p); ref != nil && ref.UID == pool.GetUID() && p.Status.Phase == corev1.PodPending {
-			settled = false
-		}
-	}
-	return settled, fmt.Sprintf("%s desired %d, tally/list: %s", name, desired, strings.Join(parts, ", ")), nil
+	r.counts = strings.Join(parts, ", ")
+	return r, nil
 }
 
 // memory reads tally's pods' working sets from the kubelet's summary API.
