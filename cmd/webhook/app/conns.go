@@ -23,7 +23,7 @@ func init() {
 // shedAfter is how long a connection may go with no request in progress
 // before it may be closed to make room for a new one: far longer than the
 // API server takes to finish a TLS handshake and send its headers.
-const shedAfter = time.Second
+const shedAfter = 2 * time.Second
 
 // connections bounds the server's open connections so that clients holding
 // connections open, and reopening them as fast as they are closed, cannot
