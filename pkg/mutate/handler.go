@@ -265,8 +265,10 @@ func (h *Handler) checkRequest(r *http.Request) error {
 }
 
 // readBody reads the request's body, of at most limit bytes (its
-// reservation), into buf.
+// reservation), into buf, grown once to hold it: a buffer left to grow by
+// doubling would hold up to twice what was reserved.
 func readBody(r *http.Request, buf *bytes.Buffer, limit int64) error {
+	buf.Grow(int(limit) + bytes.MinRead)
 	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
 	switch {
 	case err != nil:

@@ -89,11 +89,11 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if opts.Burst > 0 {
 		restCfg.Burst = opts.Burst
 	}
+	// controller-runtime asks for protobuf for built-in kinds when the
+	// config names no content type; custom resources travel as JSON.
 	if opts.ContentType == "json" {
 		restCfg.ContentType = runtime.ContentTypeJSON
 	}
-	// controller-runtime asks for protobuf for built-in kinds when the
-	// config names no content type; custom resources travel as JSON.
 
 	identity, err := newIdentity()
 	if err != nil {
