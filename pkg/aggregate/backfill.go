@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
@@ -36,25 +38,34 @@ const stampAttempts = 3
 // was unreachable, or skipped by owner verification. It applies the
 // webhook's own decision (mutate.Mutator) to every pod without the
 // keys.ParentUID label and to every cached pod whose tally metadata is not
-// what that decision gives, and patches the pods that need it.
+// what that decision gives, and patches the pods that need it, in the
+// namespaces the webhook is called for.
 //
-// A sweep runs once the pod cache has synced, and then every interval. The
-// reconcilers wait for the first sweep's stamps to reach the cache (Wait),
-// so the first count written for a parent already includes its pods that
-// existed before tally.
+// A sweep first reads every unlabelled pod and holds those it will stamp in
+// Unstamped, where the counts find them; then it stamps them at the
+// client's rate. The reconcilers wait for the first sweep's read (Wait), so
+// the first count written for a parent already includes its pods that
+// existed before tally, however many stamps are still to be written.
 type Backfill struct {
 	rules *mutate.Mutator
-	// reader lists and reads pods from the API server, metadata only.
+	// reader lists and reads pods and namespaces from the API server,
+	// metadata only.
 	reader client.Reader
 	writer client.Writer
 	// pods is the pod informer's indexer; synced waits for it.
 	pods     toolscache.Indexer
 	synced   func(context.Context) bool
 	interval time.Duration
+	// Namespaces selects the namespaces whose pods are stamped (the
+	// webhook registration's namespaceSelector); nil selects every one.
+	Namespaces labels.Selector
+	// Unstamped holds the pods the last read found, until the cache shows
+	// them stamped.
+	Unstamped *Unstamped
 	// mayWrite, when set, tells whether this replica may still write.
 	mayWrite func() bool
 	log      logr.Logger
-	// done is closed once the first sweep's stamps are in the cache.
+	// done is closed once the first sweep has read every pod.
 	done chan struct{}
 }
 
@@ -64,12 +75,11 @@ type Backfill struct {
 func NewBackfill(rules *mutate.Mutator, reader client.Reader, writer client.Writer, pods toolscache.Indexer, synced func(context.Context) bool, interval time.Duration, log logr.Logger) *Backfill {
 	return &Backfill{
 		rules: rules, reader: reader, writer: writer, pods: pods, synced: synced,
-		interval: interval, log: log, done: make(chan struct{}),
+		interval: interval, Unstamped: NewUnstamped(), log: log, done: make(chan struct{}),
 	}
 }
 
-// Wait blocks until the first sweep's stamps are in the pod cache, or ctx
-// is done.
+// Wait blocks until the first sweep has read every pod, or ctx is done.
 func (b *Backfill) Wait(ctx context.Context) error {
 	select {
 	case <-b.done:
@@ -79,30 +89,25 @@ func (b *Backfill) Wait(ctx context.Context) error {
 	}
 }
 
-// Start runs the first sweep, retrying it until it completes, waits for its
-// stamps to reach the cache, then sweeps every interval until ctx is done.
-// It runs on the leader only, as the reconcilers do.
+// Start runs the first sweep, retrying it until it completes, then sweeps
+// every interval until ctx is done. It runs on the leader only, as the
+// reconcilers do.
 func (b *Backfill) Start(ctx context.Context) error {
 	if !b.synced(ctx) {
 		return nil
 	}
+	var once sync.Once
+	read := func() { once.Do(func() { close(b.done) }) }
 	for retry := time.Second; ; retry = min(2*retry, time.Minute) {
-		stamped, err := b.Sweep(ctx)
-		if err == nil {
-			if err := b.awaitCached(ctx, stamped); err != nil {
-				return nil // ctx is done
-			}
+		if _, err := b.sweep(ctx, read); err == nil {
 			break
+		} else if ctx.Err() == nil {
+			b.log.Error(err, "Start-up backfill sweep failed; it is retried", "retryIn", retry.String())
 		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		b.log.Error(err, "Start-up backfill sweep failed; no status is written until it completes", "retryIn", retry.String())
 		if !sleep(ctx, retry) {
 			return nil
 		}
 	}
-	close(b.done)
 
 	ticker := time.NewTicker(b.interval)
 	defer ticker.Stop()
@@ -118,25 +123,21 @@ func (b *Backfill) Start(ctx context.Context) error {
 	}
 }
 
-// Stamped is a pod a sweep patched, with the parent UID label it now
-// carries ("" when the label was removed).
-type Stamped struct {
-	Key       string
-	UID       types.UID
-	ParentUID types.UID
-}
-
 // Sweep stamps, with the webhook's rules, every pod without the
 // keys.ParentUID label and every cached pod whose tally metadata those
-// rules would change. It lists pods a page at a time, metadata only. Pods
-// that cannot be stamped are logged, counted in
-// tally_aggregator_unstamped_pods and tried again by the next sweep. It
-// returns the pods it patched, and an error when it could not go through
-// every pod.
-func (b *Backfill) Sweep(ctx context.Context) ([]Stamped, error) {
+// rules would change, in the namespaces Namespaces selects. It lists pods a
+// page at a time, metadata only: once to read them (Unstamped holds those
+// it will stamp), once to stamp them. Pods that cannot be stamped are
+// logged, counted in tally_aggregator_unstamped_pods and tried again by
+// the next sweep. It returns how many pods it patched, and an error when it
+// could not go through every pod.
+func (b *Backfill) Sweep(ctx context.Context) (int, error) { return b.sweep(ctx, nil) }
+
+// sweep is Sweep, calling read (when set) once every pod has been read.
+func (b *Backfill) sweep(ctx context.Context, read func()) (int, error) {
 	start := time.Now()
 	s := sweep{Backfill: b}
-	err := s.run(ctx)
+	err := s.run(ctx, read)
 	result := "complete"
 	if err != nil {
 		result = "failed"
@@ -145,7 +146,7 @@ func (b *Backfill) Sweep(ctx context.Context) ([]Stamped, error) {
 	}
 	backfillSweeps.WithLabelValues(result).Inc()
 	backfillDuration.Observe(time.Since(start).Seconds())
-	b.log.Info("Backfill sweep", "result", result, "seen", s.seen, "stamped", len(s.stamped), "unstamped", s.unstamped,
+	b.log.Info("Backfill sweep", "result", result, "seen", s.seen, "stamped", s.stamped, "unstamped", s.unstamped,
 		"took", time.Since(start).Round(time.Millisecond).String())
 	return s.stamped, err
 }
@@ -153,31 +154,49 @@ func (b *Backfill) Sweep(ctx context.Context) ([]Stamped, error) {
 // sweep is the state of one Sweep.
 type sweep struct {
 	*Backfill
-	seen, unstamped int
-	stamped         []Stamped
+	seen, unstamped, stamped int
+	// inScope reports whether the pods of a namespace are stamped.
+	inScope func(ns string) bool
 }
 
-func (s *sweep) run(ctx context.Context) error {
+func (s *sweep) run(ctx context.Context, read func()) error {
 	if s.mayWrite != nil && !s.mayWrite() {
 		return errors.New("this replica's leader lease may have passed to another replica")
 	}
-	list := &metav1.PartialObjectMetadataList{}
-	list.SetGroupVersionKind(podListGVK)
-	opts := []client.ListOption{client.MatchingLabelsSelector{Selector: unlabelled}, client.Limit(BackfillPageSize)}
-	for {
-		if err := s.reader.List(ctx, list, opts...); err != nil {
-			return fmt.Errorf("listing pods without %s: %w", keys.ParentUID, err)
+	var err error
+	if s.inScope, err = s.scope(ctx); err != nil {
+		return err
+	}
+	found, err := s.read(ctx)
+	if err != nil {
+		return err
+	}
+	s.Unstamped.replace(found)
+	if read != nil {
+		read()
+	}
+
+	listed := map[string]bool{}
+	err = eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
+		key := pod.Namespace + "/" + pod.Name
+		listed[key] = true
+		if !s.inScope(pod.Namespace) {
+			return nil
 		}
-		for i := range list.Items {
-			if ctx.Err() != nil {
-				return ctx.Err()
+		s.stamp(ctx, pod, key)
+		return ctx.Err()
+	})
+	if err != nil {
+		return err
+	}
+	// Pods read but no longer unlabelled: stamped by someone else (the cache
+	// shows them soon) or gone.
+	for _, key := range s.Unstamped.Keys() {
+		if !listed[key] {
+			if _, exists, err := s.pods.GetByKey(key); err == nil && !exists {
+				s.Unstamped.Forget(key, true)
 			}
-			s.stamp(ctx, &list.Items[i])
 		}
-		if list.Continue == "" {
-			break
-		}
-		opts = append(opts[:2], client.Continue(list.Continue))
 	}
 
 	misstamped, err := s.pods.ByIndex(MisstampedIndex, misstampedValue)
@@ -189,7 +208,7 @@ func (s *sweep) run(ctx context.Context) error {
 			break
 		}
 		cached, ok := obj.(*Pod)
-		if !ok {
+		if !ok || !s.inScope(cached.Namespace) {
 			continue
 		}
 		pod := podMeta(cached.Namespace, cached.Name)
@@ -199,14 +218,108 @@ func (s *sweep) run(ctx context.Context) error {
 			}
 			continue
 		}
-		s.stamp(ctx, pod)
+		s.stamp(ctx, pod, "")
 	}
 	return ctx.Err()
 }
 
+// scope returns whether the pods of a namespace are to be stamped, from the
+// namespaces the API server lists now.
+func (s *sweep) scope(ctx context.Context) (func(string) bool, error) {
+	if s.Namespaces == nil || s.Namespaces.Empty() {
+		return func(string) bool { return true }, nil
+	}
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
+	if err := s.reader.List(ctx, list); err != nil {
+		return nil, fmt.Errorf("listing namespaces (the sweep stamps only the pods of those the webhook's namespaceSelector selects): %w", err)
+	}
+	selected := make(map[string]bool, len(list.Items))
+	for i := range list.Items {
+		ns := &list.Items[i]
+		// As the API server matches a namespaceSelector: the namespace's
+		// labels, which always include kubernetes.io/metadata.name.
+		if s.Namespaces.Matches(labels.Set(ns.Labels)) {
+			selected[ns.Name] = true
+		}
+	}
+	return func(ns string) bool { return selected[ns] }, nil
+}
+
+// read returns, by pod key, the unlabelled pods in scope that the webhook's
+// rules stamp, as Unstamped holds them: reduced as the cache reduces pods,
+// under the parent their stamp names. A pod's phase is not in its metadata:
+// the terminal pods are found by listing each terminal phase.
+func (s *sweep) read(ctx context.Context) (map[string]*Pod, error) {
+	terminal := map[types.UID]corev1.PodPhase{}
+	for _, phase := range []corev1.PodPhase{corev1.PodSucceeded, corev1.PodFailed} {
+		err := eachUnlabelled(ctx, s.reader, "status.phase="+string(phase), func(pod *metav1.PartialObjectMetadata) error {
+			if metav1.GetControllerOfNoCopy(pod) != nil && s.inScope(pod.Namespace) {
+				terminal[pod.UID] = phase
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	found := map[string]*Pod{}
+	err := eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
+		if !s.inScope(pod.Namespace) {
+			return nil
+		}
+		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
+		d := s.rules.Decide(ctx, mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, Now: time.Now()})
+		if d.Denied != "" || d.Unavailable != "" || d.Parent.UID == "" {
+			return nil
+		}
+		parent := types.UID(intern(string(d.Parent.UID)))
+		p := &Pod{
+			Meta:       Meta{Name: pod.Name, Namespace: intern(pod.Namespace), UID: pod.UID, DeletionTimestamp: pod.DeletionTimestamp},
+			ParentUID:  parent,
+			Controller: Controller{Kind: d.Parent.GroupKind, Name: intern(d.Parent.Name), UID: parent},
+			Phase:      terminal[pod.UID],
+		}
+		_, p.Intent = pod.Annotations[keys.CompletionIntent]
+		found[pod.Namespace+"/"+pod.Name] = p
+		return ctx.Err()
+	})
+	return found, err
+}
+
+// eachUnlabelled calls fn for each pod without the keys.ParentUID label
+// matching fieldSelector ("" for all), listing metadata a page at a time.
+func eachUnlabelled(ctx context.Context, reader client.Reader, fieldSelector string, fn func(*metav1.PartialObjectMetadata) error) error {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(podListGVK)
+	opts := []client.ListOption{client.MatchingLabelsSelector{Selector: unlabelled}, client.Limit(BackfillPageSize)}
+	if fieldSelector != "" {
+		sel, err := fields.ParseSelector(fieldSelector)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, client.MatchingFieldsSelector{Selector: sel})
+	}
+	for n := len(opts); ; {
+		if err := reader.List(ctx, list, opts...); err != nil {
+			return fmt.Errorf("listing pods without %s: %w", keys.ParentUID, err)
+		}
+		for i := range list.Items {
+			if err := fn(&list.Items[i]); err != nil {
+				return err
+			}
+		}
+		if list.Continue == "" {
+			return nil
+		}
+		opts = append(opts[:n], client.Continue(list.Continue))
+	}
+}
+
 // stamp applies the webhook's rules to pod and patches it when they change
-// it, reading it again when it changed in between.
-func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata) {
+// it, reading it again when it changed in between. key, when set, is the
+// pod's entry in Unstamped: forgotten when the pod is gone.
+func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata, key string) {
 	s.seen++
 	for attempt := 1; ; attempt++ {
 		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
@@ -229,24 +342,28 @@ func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata) {
 		}
 		// The patch holds only if the pod is still the one decided on.
 		ops := append([]mutate.PatchOp{{Op: "test", Path: "/metadata/resourceVersion", Value: pod.ResourceVersion}}, patch...)
-		uid := pod.UID
 		err := s.writer.Patch(ctx, pod, client.RawPatch(types.JSONPatchType, mutate.AppendPatch(nil, ops)), client.FieldOwner(FieldManager))
 		switch {
 		case err == nil:
 			podsStamped.Inc()
-			s.stamped = append(s.stamped, Stamped{Key: pod.Namespace + "/" + pod.Name, UID: uid, ParentUID: types.UID(pod.Labels[keys.ParentUID])})
+			s.stamped++
 			if log := s.log.V(1); log.Enabled() {
 				log.Info("Stamped pod", "pod", client.ObjectKeyFromObject(pod), "parent", pod.Annotations[keys.Parent])
 			}
 			return
 		case apierrors.IsNotFound(err):
+			if key != "" {
+				s.Unstamped.Forget(key, true)
+			}
 			return
 		case (apierrors.IsConflict(err) || apierrors.IsInvalid(err)) && attempt < stampAttempts:
 			// Changed since it was read: decide again on what it is now.
-			key := client.ObjectKeyFromObject(pod)
-			*pod = *podMeta(key.Namespace, key.Name)
-			if err := s.reader.Get(ctx, key, pod); err != nil {
-				if !apierrors.IsNotFound(err) {
+			k := client.ObjectKeyFromObject(pod)
+			*pod = *podMeta(k.Namespace, k.Name)
+			if err := s.reader.Get(ctx, k, pod); err != nil {
+				if apierrors.IsNotFound(err) && key != "" {
+					s.Unstamped.Forget(key, true)
+				} else if !apierrors.IsNotFound(err) {
 					s.report(pod, fmt.Sprintf("reading the pod: %v", err))
 				}
 				return
@@ -279,65 +396,6 @@ func (s *sweep) untrack(pod *metav1.PartialObjectMetadata) []mutate.PatchOp {
 func (s *sweep) report(pod *metav1.PartialObjectMetadata, reason string) {
 	s.unstamped++
 	s.log.Info("Pod could not be stamped; the next backfill sweep tries again", "pod", client.ObjectKeyFromObject(pod), "reason", reason)
-}
-
-// awaitCached waits until the pod cache shows every stamped pod as it was
-// stamped, dropping pods that are gone or changed again since.
-func (b *Backfill) awaitCached(ctx context.Context, stamped []Stamped) error {
-	const recheck = 5 * time.Second
-	last := time.Now()
-	for {
-		pending := stamped[:0]
-		for _, s := range stamped {
-			if !b.cached(s) {
-				pending = append(pending, s)
-			}
-		}
-		stamped = pending
-		if len(stamped) == 0 {
-			return nil
-		}
-		if time.Since(last) > recheck {
-			// A pod deleted, or changed by someone else, right after it was
-			// stamped may never show in the cache as stamped.
-			stamped = b.stillStamped(ctx, stamped)
-			last = time.Now()
-		}
-		if !sleep(ctx, 50*time.Millisecond) {
-			return ctx.Err()
-		}
-	}
-}
-
-func (b *Backfill) cached(s Stamped) bool {
-	obj, exists, err := b.pods.GetByKey(s.Key)
-	if err != nil {
-		return false
-	}
-	pod, ok := obj.(*Pod)
-	if s.ParentUID == "" {
-		return !exists || !ok || pod.UID != s.UID
-	}
-	return exists && ok && pod.UID == s.UID && pod.ParentUID == s.ParentUID
-}
-
-// stillStamped returns the pods that the API server still shows as they
-// were stamped.
-func (b *Backfill) stillStamped(ctx context.Context, stamped []Stamped) []Stamped {
-	var out []Stamped
-	for _, s := range stamped {
-		ns, name, _ := toolscache.SplitMetaNamespaceKey(s.Key)
-		pod := podMeta(ns, name)
-		err := b.reader.Get(ctx, client.ObjectKeyFromObject(pod), pod)
-		if err == nil && (pod.UID != s.UID || types.UID(pod.Labels[keys.ParentUID]) != s.ParentUID) {
-			continue
-		}
-		if apierrors.IsNotFound(err) {
-			continue
-		}
-		out = append(out, s)
-	}
-	return out
 }
 
 var (

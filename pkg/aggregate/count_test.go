@@ -54,7 +54,8 @@ func TestTally(t *testing.T) {
 		{"label with another owner's reference: not counted", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "other", "uid-q").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 		{"non-controller reference: not counted", builder.Pod("ns", "p").OwnedBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 		{"another parent's pod: not counted", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "other", "uid-q").Label(keys.ParentUID, "uid-q").Build(), Counts{}},
-		{"controller ref to the parent, no label: not found", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Build(), Counts{}},
+		{"controller ref to the parent, no label: counted as the sweep stamps it", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Build(), Counts{Active: 1}},
+		{"controller ref to the parent, another parent's label: counted as the sweep corrects it", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, "uid-q").Build(), Counts{Active: 1}},
 		{"another namespace, same controller UID: not counted", builder.Pod("other-ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 	}
 	for _, tc := range tests {

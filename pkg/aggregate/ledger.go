@@ -60,12 +60,29 @@ type LivePod struct {
 	Intent bool
 }
 
+// Live is what the API server said just now of the pods it was asked about.
+// The zero Live knows nothing.
+type Live struct {
+	// Pods holds the pods asked about and found, by UID.
+	Pods map[types.UID]LivePod
+	// Asked holds the UIDs of the pods asked about: one asked about and not
+	// in Pods is gone. Nil with All.
+	Asked map[types.UID]bool
+	// All reports that every pod of the parent was read: a pod not in Pods
+	// is gone.
+	All bool
+}
+
+// knows reports what the API server said of uid, and whether it was asked.
+func (l *Live) knows(uid types.UID) (LivePod, bool) {
+	if l.All || l.Asked[uid] {
+		return l.Pods[uid], true
+	}
+	return LivePod{}, false
+}
+
 // Step is what one reconcile does about a parent's finished pods.
 type Step struct {
-	// NeedLive reports that the step cannot be decided from the cache: the
-	// pods must be read from the API server and the step taken again with
-	// them. Nothing else in the Step is set then.
-	NeedLive bool
 	// Book is the ledger and totals the parent must show next.
 	Book Book
 	// Release are the pods whose finalizer goes once Book is written: they
@@ -73,7 +90,20 @@ type Step struct {
 	Release []*Pod
 	// Track are the pods that must carry the finalizer and do not.
 	Track []*Pod
+	// Confirm are the cached pods whose state decides the step and that the
+	// cache cannot vouch for: each is read from the API server (a GET) and
+	// the step taken again. Until then they are left as they are: not
+	// recorded, or kept in the ledger.
+	Confirm []*Pod
+	// Unlisted reports a ledger UID that the cache does not show and this
+	// process did not release: only a list of the parent's pods tells
+	// whether it is gone. It is kept in the ledger until then.
+	Unlisted bool
 }
+
+// Settled reports whether the step decided everything: nothing waits for
+// the API server's word.
+func (s *Step) Settled() bool { return len(s.Confirm) == 0 && !s.Unlisted }
 
 // Finished reports whether a pod will never run again: it is terminal, or it
 // is being deleted. This is the Job controller's rule (pkg/controller/job:
@@ -98,45 +128,42 @@ func (p *Pod) Finished() bool {
 // finalizer is gone it is never recorded again.
 //
 // released reports the pods whose finalizer this process removed (a patch
-// the API server accepted): for them the cache's view is not needed. live,
-// when not nil, holds every pod the API server shows for the parent right
-// now; without it, any decision the cache alone cannot make safely (a pod
-// the cache may show stale) asks for it through NeedLive.
-func Advance(pods []*Pod, book Book, released func(types.UID) bool, live map[types.UID]LivePod) Step {
+// the API server accepted): for them the cache's view is not needed. live
+// holds what the API server said of the pods a previous step asked to
+// Confirm (or of them all). Any decision the cache alone cannot make safely
+// (a pod the cache may show stale) is left for later and its pod named in
+// Confirm; the rest of the step is taken. As the Job controller does with
+// its own finalizer removals, nothing is read for a pod this process
+// released, and at most the candidates are read, never the parent's pods:
+// a list is asked for (Unlisted) only for a ledger UID the cache has never
+// shown, which happens after a restart when its pod was deleted meanwhile.
+func Advance(pods []*Pod, book Book, released func(types.UID) bool, live Live) Step {
 	cached := make(map[types.UID]*Pod, len(pods))
 	for _, p := range pods {
 		cached[p.UID] = p
 	}
-	// tracking reports whether the pod still carries the finalizer, and
-	// whether that is known for sure.
-	tracking := func(uid types.UID) (carries, known bool) {
-		if released(uid) {
-			return false, true
-		}
-		if live != nil {
-			return live[uid].Tracking, true
-		}
-		if p, ok := cached[uid]; ok && p.Tracking {
-			// Perhaps stale: removing a finalizer already gone is harmless.
-			return true, true
-		}
-		return false, false
-	}
-
 	step := Step{Book: Book{CompletedTotal: book.CompletedTotal, UnexpectedTotal: book.UnexpectedTotal}}
+	confirm := func(p *Pod) { step.Confirm = append(step.Confirm, p) }
 	var release []types.UID
 	keep := func(uids []types.UID, total *int64) []types.UID {
 		var out []types.UID
 		for _, uid := range uids {
-			carries, known := tracking(uid)
+			p, shown := cached[uid]
+			lp, asked := live.knows(uid)
 			switch {
-			case !known:
-				step.NeedLive = true
-			case carries:
+			case released(uid), asked && !lp.Tracking:
+				*total++
+			case asked, shown && p.Tracking:
+				// Carries it (perhaps stale in the cache: removing a
+				// finalizer already gone is harmless).
 				out = append(out, uid)
 				release = append(release, uid)
+			case shown:
+				out = append(out, uid)
+				confirm(p)
 			default:
-				*total++
+				out = append(out, uid)
+				step.Unlisted = true
 			}
 		}
 		return out
@@ -144,32 +171,35 @@ func Advance(pods []*Pod, book Book, released func(types.UID) bool, live map[typ
 	step.Book.Completed = keep(book.Completed, &step.Book.CompletedTotal)
 	step.Book.Unexpected = keep(book.Unexpected, &step.Book.UnexpectedTotal)
 
+	room := MaxLedger - step.Book.size()
 	for _, p := range pods {
 		switch {
 		case !p.Finished():
-			if !p.Tracking {
+			// Only a pod stamped with its parent's identity is given the
+			// finalizer (the chart's policy refuses the others).
+			if !p.Tracking && !p.Misstamped {
 				step.Track = append(step.Track, p)
 			}
 			continue
-		case !p.Tracking || book.Has(p.UID) || released(p.UID):
-			continue
-		case live == nil:
-			step.NeedLive = true
+		case !p.Tracking || book.Has(p.UID) || released(p.UID) || room <= 0:
 			continue
 		}
-		lp, shown := live[p.UID]
-		if !shown || !lp.Tracking || step.Book.size() >= MaxLedger {
+		lp, asked := live.knows(p.UID)
+		switch {
+		case !asked:
+			confirm(p)
+			room--
+			continue
+		case !lp.Tracking:
 			continue
 		}
+		room--
 		if lp.Intent || p.Intent {
 			step.Book.Completed = append(step.Book.Completed, p.UID)
 		} else {
 			step.Book.Unexpected = append(step.Book.Unexpected, p.UID)
 		}
 		release = append(release, p.UID)
-	}
-	if step.NeedLive {
-		return Step{NeedLive: true}
 	}
 	for _, uid := range release {
 		if p, ok := cached[uid]; ok {

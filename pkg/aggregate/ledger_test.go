@@ -16,7 +16,7 @@ import (
 
 // cachedPod is a pod as the cache shows it.
 func cachedPod(uid types.UID, phase corev1.PodPhase, tracking, intent, deleting bool) *Pod {
-	p := &Pod{ObjectMeta: metav1.ObjectMeta{Name: string(uid), Namespace: "ns", UID: uid}, Phase: phase, Tracking: tracking, Intent: intent}
+	p := &Pod{Meta: Meta{Name: string(uid), Namespace: "ns", UID: uid}, Phase: phase, Tracking: tracking, Intent: intent}
 	if deleting {
 		p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 	}
@@ -24,6 +24,15 @@ func cachedPod(uid types.UID, phase corev1.PodPhase, tracking, intent, deleting 
 }
 
 func none(types.UID) bool { return false }
+
+// asked is a Live that asked about the pods in pods, and found them.
+func asked(pods map[types.UID]LivePod) Live {
+	l := Live{Pods: pods, Asked: map[types.UID]bool{}}
+	for uid := range pods {
+		l.Asked[uid] = true
+	}
+	return l
+}
 
 func names(pods []*Pod) []types.UID {
 	var out []types.UID
@@ -48,7 +57,7 @@ func TestAdvance(t *testing.T) {
 		pods     []*Pod
 		book     Book
 		released func(types.UID) bool
-		live     map[types.UID]LivePod
+		live     Live
 		want     Step
 	}{
 		{
@@ -57,14 +66,14 @@ func TestAdvance(t *testing.T) {
 			want: Step{Track: []*Pod{untracked}},
 		},
 		{
-			name: "a finished pod needs the API server's word",
+			name: "a finished pod needs the API server's word: it alone is read",
 			pods: []*Pod{running, failed},
-			want: Step{NeedLive: true},
+			want: Step{Confirm: []*Pod{failed}},
 		},
 		{
 			name: "finished pods are recorded by class, and released",
 			pods: []*Pod{failed, done, deleting, deletingIntent},
-			live: map[types.UID]LivePod{"fail": {Tracking: true}, "done": {Tracking: true, Intent: true}, "del": {Tracking: true}, "deli": {Tracking: true, Intent: true}},
+			live: asked(map[types.UID]LivePod{"fail": {Tracking: true}, "done": {Tracking: true, Intent: true}, "del": {Tracking: true}, "deli": {Tracking: true, Intent: true}}),
 			want: Step{
 				Book:    Book{Completed: []types.UID{"done", "deli"}, Unexpected: []types.UID{"fail", "del"}},
 				Release: []*Pod{failed, done, deleting, deletingIntent},
@@ -73,8 +82,20 @@ func TestAdvance(t *testing.T) {
 		{
 			name: "a pod the cache shows stale (its finalizer gone) is not recorded",
 			pods: []*Pod{failed},
-			live: map[types.UID]LivePod{"fail": {}},
+			live: asked(map[types.UID]LivePod{"fail": {}}),
 			want: Step{},
+		},
+		{
+			name: "a pod gone from the API server is not recorded",
+			pods: []*Pod{failed},
+			live: Live{Asked: map[types.UID]bool{"fail": true}},
+			want: Step{},
+		},
+		{
+			name: "only the pods asked about are decided; the others are asked for again",
+			pods: []*Pod{failed, done},
+			live: asked(map[types.UID]LivePod{"fail": {Tracking: true}}),
+			want: Step{Book: Book{Unexpected: []types.UID{"fail"}}, Release: []*Pod{failed}, Confirm: []*Pod{done}},
 		},
 		{
 			name:     "a pod this process released is neither recorded nor read",
@@ -96,15 +117,27 @@ func TestAdvance(t *testing.T) {
 			want: Step{Book: Book{Completed: []types.UID{"done"}}, Release: []*Pod{done}},
 		},
 		{
-			name: "a ledger pod the cache shows without the finalizer needs the API server's word",
+			name: "a ledger pod the cache shows without the finalizer is kept until the API server's word",
+			pods: []*Pod{gone, failed},
+			book: Book{Unexpected: []types.UID{"gone"}},
+			want: Step{Book: Book{Unexpected: []types.UID{"gone"}}, Confirm: []*Pod{gone, failed}},
+		},
+		{
+			name: "a ledger pod the API server shows without the finalizer is folded",
 			pods: []*Pod{gone},
 			book: Book{Unexpected: []types.UID{"gone"}},
-			want: Step{NeedLive: true},
+			live: asked(map[types.UID]LivePod{"gone": {}}),
+			want: Step{Book: Book{UnexpectedTotal: 1}},
+		},
+		{
+			name: "a ledger pod the cache has never shown needs a list",
+			book: Book{Completed: []types.UID{"a"}},
+			want: Step{Book: Book{Completed: []types.UID{"a"}}, Unlisted: true},
 		},
 		{
 			name: "ledger pods gone from the API server are folded",
 			book: Book{Completed: []types.UID{"a"}, Unexpected: []types.UID{"b", "c"}, CompletedTotal: 1},
-			live: map[types.UID]LivePod{"c": {Tracking: true}},
+			live: Live{Pods: map[types.UID]LivePod{"c": {Tracking: true}}, All: true},
 			want: Step{Book: Book{Unexpected: []types.UID{"c"}, CompletedTotal: 2, UnexpectedTotal: 1}},
 		},
 	}
@@ -114,7 +147,8 @@ func TestAdvance(t *testing.T) {
 				tc.released = none
 			}
 			got := Advance(tc.pods, tc.book, tc.released, tc.live)
-			assert.Equal(t, tc.want.NeedLive, got.NeedLive)
+			assert.Equal(t, tc.want.Unlisted, got.Unlisted, "unlisted")
+			assert.ElementsMatch(t, names(tc.want.Confirm), names(got.Confirm), "confirm")
 			assert.True(t, tc.want.Book.Equal(&got.Book), "book: got %+v, want %+v", got.Book, tc.want.Book)
 			assert.ElementsMatch(t, names(tc.want.Release), names(got.Release), "release")
 			assert.ElementsMatch(t, names(tc.want.Track), names(got.Track), "track")
@@ -126,59 +160,106 @@ func TestAdvance(t *testing.T) {
 // the others keep their finalizer until a fold makes room.
 func TestAdvanceBoundsTheLedger(t *testing.T) {
 	var pods []*Pod
-	live := map[types.UID]LivePod{}
+	live := Live{Pods: map[types.UID]LivePod{}, All: true}
 	for i := range MaxLedger + 20 {
 		uid := types.UID(fmt.Sprintf("p%04d", i))
 		pods = append(pods, cachedPod(uid, corev1.PodFailed, true, false, false))
-		live[uid] = LivePod{Tracking: true}
+		live.Pods[uid] = LivePod{Tracking: true}
 	}
 	book := Book{Unexpected: []types.UID{"old"}}
+	first := Advance(pods, book, none, Live{})
+	assert.Len(t, first.Confirm, MaxLedger-1, "no more pods are read than the ledger has room for")
+	assert.True(t, first.Unlisted)
 	step := Advance(pods, book, none, live)
 	assert.Len(t, step.Book.Unexpected, MaxLedger)
 	assert.Equal(t, int64(1), step.Book.UnexpectedTotal, "the ledger pod gone from the API server is folded first")
 	assert.Len(t, step.Release, MaxLedger)
 }
 
-// TestAdvanceCountsOnce replays a pod's life with the process crashing at
-// each point (before its status write lands, or between the write and the
-// finalizer's removal), with a cache that shows the finalizer long after it
-// is gone: the pod is added to its total once, and the ledger empties.
+// TestAdvanceCountsOnce replays a pod's life with the process failing at
+// each point: a crash before its status write lands, a crash between the
+// write and the finalizer's removal, a removal the API server applied whose
+// answer was lost. The cache lags the API server (it shows the pod as it was
+// a few rounds before, as a new leader's cache can: before the finalizer was
+// added, for a pod tracked after its creation) and the pod may be deleted
+// once its finalizer is gone. Whatever the point, the pod is added
+// to its total once and the ledger empties, reading from the API server
+// only the pod itself, and listing the parent's pods only when the ledger
+// holds a pod the cache never showed.
 func TestAdvanceCountsOnce(t *testing.T) {
-	for _, stale := range []bool{false, true} {
-		for crash := range 8 {
-			t.Run(fmt.Sprintf("stale cache %v, crash %d", stale, crash), func(t *testing.T) {
-				var book Book
-				apiTracking := true
-				remembered := map[types.UID]bool{}
-				for round := range 12 {
-					// The cache catches up at round 10 when stale.
-					cacheTracking := apiTracking || (stale && round < 10)
-					pod := cachedPod("p", corev1.PodFailed, cacheTracking, false, false)
-					released := func(u types.UID) bool { return remembered[u] }
-					step := Advance([]*Pod{pod}, book, released, nil)
-					if step.NeedLive {
-						step = Advance([]*Pod{pod}, book, released, map[types.UID]LivePod{"p": {Tracking: apiTracking}})
+	type state struct{ exists, tracking bool }
+	for _, lag := range []int{0, 1, 3} {
+		for _, deleted := range []bool{false, true} {
+			for crash := range 3 * 8 {
+				failure, round := crash%3, crash/3
+				t.Run(fmt.Sprintf("lag %d, deleted %v, failure %d at round %d", lag, deleted, failure, round), func(t *testing.T) {
+					var book Book
+					api := state{exists: true, tracking: true}
+					// Created untracked, given the finalizer at once.
+					history := []state{{exists: true}, api}
+					remembered := map[types.UID]bool{}
+					lists := 0
+					for r := range 16 {
+						cache := history[max(0, len(history)-1-lag)]
+						if lag > 0 && failure < 2 && r > round && r <= round+lag {
+							// The new process's cache is further behind
+							// than the crashed one's was.
+							cache = history[0]
+						}
+						if r >= 12 {
+							cache = api // caught up
+						}
+						var pods []*Pod
+						if cache.exists {
+							pods = []*Pod{cachedPod("p", corev1.PodFailed, cache.tracking, false, false)}
+						}
+						released := func(u types.UID) bool { return remembered[u] }
+						step := Advance(pods, book, released, Live{})
+						if !step.Settled() {
+							live := Live{Pods: map[types.UID]LivePod{}, Asked: map[types.UID]bool{}, All: step.Unlisted}
+							if step.Unlisted {
+								lists++
+							}
+							for _, p := range step.Confirm {
+								live.Asked[p.UID] = true
+							}
+							if api.exists {
+								live.Pods["p"] = LivePod{Tracking: api.tracking}
+							}
+							step = Advance(pods, book, released, live)
+						}
+						release := func(remember bool) {
+							for _, p := range step.Release {
+								api.tracking = false
+								api.exists = api.exists && !deleted
+								remembered[p.UID] = remember
+							}
+						}
+						switch {
+						case r == round && failure == 0:
+							// Crash before the status write: a new process
+							// remembers nothing.
+							remembered = map[types.UID]bool{}
+						case r == round && failure == 1:
+							// Crash after the write, before the release.
+							book = step.Book
+							remembered = map[types.UID]bool{}
+						case r == round:
+							// The release applied, its answer lost.
+							book = step.Book
+							release(false)
+						default:
+							book = step.Book
+							release(true)
+						}
+						history = append(history, api)
 					}
-					switch {
-					case round == crash && crash%2 == 0:
-						// Crash before the status write: a new process
-						// remembers nothing.
-						remembered = map[types.UID]bool{}
-						continue
-					case round == crash:
-						// Crash after the write, before the release.
-						book = step.Book
-						remembered = map[types.UID]bool{}
-						continue
+					assert.Equal(t, Book{UnexpectedTotal: 1}, book)
+					if !deleted {
+						assert.Zero(t, lists, "a pod the cache shows is read alone, never listed")
 					}
-					book = step.Book
-					for _, p := range step.Release {
-						apiTracking = false
-						remembered[p.UID] = true
-					}
-				}
-				assert.Equal(t, Book{UnexpectedTotal: 1}, book)
-			})
+				})
+			}
 		}
 	}
 }
@@ -214,6 +295,27 @@ func TestReadBook(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestBatch(t *testing.T) {
+	pods := func(n int) []*Pod { return make([]*Pod, n) }
+	tests := []struct {
+		name                   string
+		track, release         int
+		wantTrack, wantRelease int
+	}{
+		{"few", 10, 5, 10, 5},
+		{"releases first", 500, 60, 40, 60},
+		{"releases alone fill a batch", 10, 300, 0, PodBatch},
+		{"tracking alone", 2000, 0, PodBatch, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			track, release := batch(pods(tc.track), pods(tc.release))
+			assert.Len(t, track, tc.wantTrack)
+			assert.Len(t, release, tc.wantRelease)
 		})
 	}
 }

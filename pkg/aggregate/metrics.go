@@ -65,7 +65,11 @@ var (
 	}, []string{"kind"})
 	ledgerLiveLists = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_ledger_live_lists_total",
-		Help: "Reads of a parent's pods from the API server, made when the cache alone cannot tell whether a finished pod still carries the tracking finalizer, by parent kind.",
+		Help: "Lists of a parent's pods read from the API server, made when its ledger holds a pod the cache has never shown (after a restart, a pod deleted meanwhile), by parent kind.",
+	}, []string{"kind"})
+	ledgerLiveReads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_ledger_live_reads_total",
+		Help: "Pods read one by one from the API server, made when the cache alone cannot tell whether a finished pod still carries the tracking finalizer, by parent kind.",
 	}, []string{"kind"})
 	backfillDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "tally_aggregator_backfill_duration_seconds",
@@ -80,7 +84,7 @@ var changes = newPending()
 
 func init() {
 	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, appliesFenced, kindProblems,
-		podsStamped, unstampedPods, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, ledgerLiveLists,
+		podsStamped, unstampedPods, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, ledgerLiveLists, ledgerLiveReads,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",
 			Help: "Age of the oldest change to a parent or its pods that no reconcile has picked up yet; 0 when there is none.",

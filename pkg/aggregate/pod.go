@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,13 +24,15 @@ import (
 // replaces every watched pod with one, so that a cached pod costs a few
 // hundred bytes instead of the whole object.
 type Pod struct {
-	metav1.TypeMeta
-	// ObjectMeta holds only name, namespace, UID, resourceVersion and
-	// deletionTimestamp; labels, annotations and ownerReferences are folded
-	// into the fields below.
-	metav1.ObjectMeta
+	// Meta holds name, namespace, UID, resourceVersion and
+	// deletionTimestamp; labels, annotations, finalizers and
+	// ownerReferences are folded into the fields below.
+	Meta
 
-	// ParentUID is the value of the keys.ParentUID label.
+	// ParentUID is the UID of the parent whose identity the pod carries in
+	// the keys.ParentUID label or, for a misstamped pod, will carry once the
+	// sweep corrects it (the one the webhook's rules give): the counts do
+	// not wait for the correction.
 	ParentUID types.UID
 	// Controller is the pod's controller ownerReference; zero when it has
 	// none.
@@ -101,20 +104,22 @@ func (r *Reducer) Transform(obj any) (any, error) {
 	return r.Pod(pod), nil
 }
 
-// Pod returns what the cache keeps of pod.
+// Pod returns what the cache keeps of pod. The strings many pods share (the
+// namespace, the parent's UID and name, the phase) are interned: one copy
+// for all the pods of a parent instead of one each.
 func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 	out := &Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+		Meta: Meta{
+			Name: pod.Name, Namespace: intern(pod.Namespace), UID: pod.UID, ResourceVersion: pod.ResourceVersion,
 			DeletionTimestamp: pod.DeletionTimestamp,
 		},
-		ParentUID: types.UID(pod.Labels[keys.ParentUID]),
-		Phase:     pod.Status.Phase,
+		ParentUID: types.UID(intern(pod.Labels[keys.ParentUID])),
+		Phase:     phase(pod.Status.Phase),
 	}
 	_, out.Intent = pod.Annotations[keys.CompletionIntent]
 	out.Tracking = slices.Contains(pod.Finalizers, keys.TrackingFinalizer)
 	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
-		out.Controller = Controller{Name: ref.Name, UID: ref.UID}
+		out.Controller = Controller{Name: intern(ref.Name), UID: ref.UID}
 		if out.Controller.UID == out.ParentUID {
 			// Share one string for the two equal UIDs.
 			out.Controller.UID = out.ParentUID
@@ -123,29 +128,56 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 			out.Controller.Kind = r.kinds[schema.GroupKind{Group: gv.Group, Kind: ref.Kind}]
 		}
 	}
-	out.Misstamped = r.misstamped(pod, out)
+	var parent types.UID
+	if out.Misstamped, parent = r.misstamped(pod, out); out.Misstamped && parent != out.ParentUID {
+		out.ParentUID = parent
+		if parent == out.Controller.UID {
+			out.ParentUID = out.Controller.UID
+		}
+	}
 	return out
+}
+
+// intern returns the canonical copy of s: the strings that pods share
+// are held once. The canonical map holds them weakly (package unique), so it
+// never outgrows what the cache holds.
+func intern(s string) string {
+	if s == "" {
+		return ""
+	}
+	return unique.Make(s).Value()
+}
+
+// phase returns p as one of the constants, which take no memory per pod.
+func phase(p corev1.PodPhase) corev1.PodPhase {
+	for _, known := range []corev1.PodPhase{corev1.PodPending, corev1.PodRunning, corev1.PodSucceeded, corev1.PodFailed, corev1.PodUnknown} {
+		if p == known {
+			return known
+		}
+	}
+	return p
 }
 
 // misstamped applies the webhook's rules to the pod as if it were updated
 // unchanged: any patch means its tally metadata is not what it should be.
 // A pod carrying the tracking finalizer while its controller's kind keeps
-// no totals (any more) is misstamped too: the backfill removes it.
-func (r *Reducer) misstamped(pod *corev1.Pod, reduced *Pod) bool {
+// no totals (any more) is misstamped too: the backfill removes it. It also
+// returns the UID of the parent whose identity the rules give the pod.
+func (r *Reducer) misstamped(pod *corev1.Pod, reduced *Pod) (bool, types.UID) {
 	if reduced.Tracking && !r.rules.KeepsTotals(reduced.Controller.Kind) {
-		return true
+		return true, reduced.ParentUID
 	}
 	meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
 	d := r.rules.Decide(context.Background(), mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta})
-	return len(d.Patch) > 0
+	return len(d.Patch) > 0, d.Parent.UID
 }
 
 // ParentIndex names the pod informer's index by parent UID.
 const ParentIndex = "tally.dev/parent-uid"
 
 // IndexByParent is the pod informer's index function: a pod is filed under
-// the value of its keys.ParentUID label. UIDs are unique across
-// namespaces, so the key needs no namespace.
+// its ParentUID. UIDs are unique across namespaces, so the key needs no
+// namespace.
 func IndexByParent(obj any) ([]string, error) {
 	if p, ok := obj.(*Pod); ok {
 		return []string{string(p.ParentUID)}, nil

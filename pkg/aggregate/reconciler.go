@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -45,6 +47,8 @@ type Reconciler struct {
 	// ledger is the ledger's path; nil when the kind keeps no totals.
 	ledger   []string
 	releases *releases
+	// queue is the controller's work queue, once it started.
+	queue atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
 	Deps
 	// The kind's counters, resolved once.
 	reconciled, applied, skipped, failed, conflicts, fenced prometheus.Counter
@@ -59,9 +63,12 @@ type Deps struct {
 	Writer client.Client
 	// Pods is the shared pod informer's indexer (with Indexers).
 	Pods toolscache.Indexer
-	// Backfilled waits until the start-up backfill's stamps are cached:
-	// nothing is written before.
+	// Backfilled waits until the start-up backfill sweep has read every
+	// pod: nothing is written before.
 	Backfilled func(context.Context) error
+	// Unstamped holds the pods the sweep read that the cache does not show
+	// yet; nil when none.
+	Unstamped *Unstamped
 	// MayWrite, when set, tells whether this replica may still write (it
 	// holds the leader lease); a parent is not written while it says no.
 	MayWrite func() bool
@@ -115,17 +122,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if !apierrors.IsNotFound(err) {
 			return reconcile.Result{}, err
 		}
-		return reconcile.Result{}, r.releaseOrphans(ctx, req.NamespacedName, "")
+		return r.releaseOrphans(ctx, req.NamespacedName, "")
 	}
-	if err := r.releaseOrphans(ctx, req.NamespacedName, parent.GetUID()); err != nil {
-		return reconcile.Result{}, err
+	if result, err := r.releaseOrphans(ctx, req.NamespacedName, parent.GetUID()); err != nil || result.RequeueAfter > 0 {
+		return result, err
 	}
 	all, err := PodsOf(r.Pods, parent.GetUID())
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	pods := Members(parent.GetNamespace(), parent.GetUID(), all)
-	counts := Tally(parent.GetNamespace(), parent.GetUID(), pods)
+	// The pods a sweep read, counted before their stamps land; the ledger
+	// protocol sees only stamped pods.
+	counts := Tally(parent.GetNamespace(), parent.GetUID(), append(r.Unstamped.Of(parent.GetUID(), r.Pods), pods...))
 	if r.ledger == nil {
 		return r.applyCounts(ctx, parent, counts, r.untracked(pods))
 	}
@@ -154,44 +163,67 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{RequeueAfter: after}, nil
 	}
-	released := r.releases.of(parent.GetUID())
-	has := func(uid types.UID) bool { return released[uid] }
-	step := Advance(pods, book, has, nil)
-	if step.NeedLive {
-		live, err := r.livePods(ctx, parent.GetNamespace(), parent.GetUID())
-		if err != nil {
-			return reconcile.Result{}, err
-		}
-		step = Advance(pods, book, has, live)
-	}
-	// The totals first: the counts' apply leaves out the totals and the
-	// ledger, which would remove them while the counts' manager still owns
-	// them (an installation of the single-manager layout).
-	if !step.Book.Equal(&book) || r.countsOwnTotals(parent) {
-		if result, err := r.applyTotals(ctx, parent, &step.Book, false); err != nil || result.RequeueAfter > 0 {
-			// The ledger holding the pods to release is not written.
+	// The counts first: they do not wait for the pods read below. The
+	// counts' apply leaves out the totals and the ledger, which would
+	// remove them while the counts' manager still owns them (an
+	// installation of the single-manager layout): they are moved first.
+	if r.countsOwnTotals(parent) {
+		if result, err := r.applyTotals(ctx, parent, &book, true); err != nil || result.RequeueAfter > 0 {
 			return result, err
 		}
 	}
 	if result, err := r.applyCounts(ctx, parent, counts, nil); err != nil || result.RequeueAfter > 0 {
 		return result, err
 	}
+	released := r.releases.of(parent.GetUID())
+	has := func(uid types.UID) bool { return released[uid] }
+	step := Advance(pods, book, has, Live{})
+	if !step.Settled() {
+		live, err := r.confirm(ctx, parent, &step)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		step = Advance(pods, book, has, live)
+	}
+	if !step.Book.Equal(&book) {
+		if result, err := r.applyTotals(ctx, parent, &step.Book, false); err != nil || result.RequeueAfter > 0 {
+			// The ledger holding the pods to release is not written.
+			return result, err
+		}
+	}
 	r.releases.settle(parent.GetUID(), pods, &step.Book)
 	if !r.mayWrite() {
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
-	if err := r.trackAll(ctx, step.Track); err != nil {
+	// The pod writes are bounded per reconcile, the counts written first:
+	// a parent with thousands of pods to track (a kind that just opted in
+	// to totals) holds a worker for one batch at a time, and its counts and
+	// those of the other parents stay current meanwhile.
+	track, release := batch(step.Track, step.Release)
+	if err := r.trackAll(ctx, track); err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := r.releaseAll(ctx, parent.GetUID(), step.Release, "released"); err != nil {
+	if err := r.releaseAll(ctx, parent.GetUID(), release, "released"); err != nil {
 		return reconcile.Result{}, err
 	}
-	if len(step.Release) > 0 {
-		// Fold them: the cache may never show a change (a finalizer that
-		// was gone already).
+	if len(release) > 0 || len(track) < len(step.Track) || !step.Settled() {
+		// Fold the released pods (the cache may never show a change: a
+		// finalizer that was gone already), and take the next batch.
 		return reconcile.Result{RequeueAfter: foldRequeue}, nil
 	}
 	return reconcile.Result{}, nil
+}
+
+// PodBatch bounds the pods one reconcile reads from the API server, and the
+// finalizer patches it sends: the rest wait for the next reconcile of the
+// parent, which follows at once.
+const PodBatch = 100
+
+// batch returns the pods to track and to release in one reconcile, at most
+// PodBatch in all, releases first: they record the finish of pods.
+func batch(track, release []*Pod) ([]*Pod, []*Pod) {
+	release = release[:min(len(release), PodBatch)]
+	return track[:min(len(track), PodBatch-len(release))], release
 }
 
 // totalsServed reports whether the API server serves the kind's totals, once
@@ -221,16 +253,23 @@ func (r *Reconciler) untracked(pods []*Pod) []*Pod {
 
 // releaseOrphans removes the tracking finalizer from the pods of a parent of
 // this kind named name that is gone (current is the UID of the parent that
-// exists under that name, "" when none).
-func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedName, current types.UID) error {
+// exists under that name, "" when none). At most PodBatch are released at once; the parent is requeued for
+// the others.
+func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedName, current types.UID) (reconcile.Result, error) {
 	orphans, err := r.orphans(ctx, name, current)
-	if err != nil || len(orphans) == 0 {
-		return err
+	if err != nil || len(orphans) == 0 || !r.mayWrite() {
+		return reconcile.Result{}, err
 	}
-	if !r.mayWrite() {
-		return nil
+	return r.releaseBatch(ctx, orphans, "orphaned")
+}
+
+// releaseBatch releases at most PodBatch of pods, none of them recorded, and
+// asks for the parent to be reconciled again when some are left.
+func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, action string) (reconcile.Result, error) {
+	if len(pods) > PodBatch {
+		return reconcile.Result{RequeueAfter: foldRequeue}, r.releaseAll(ctx, "", pods[:PodBatch], action)
 	}
-	return r.releaseAll(ctx, "", orphans, "orphaned")
+	return reconcile.Result{}, r.releaseAll(ctx, "", pods, action)
 }
 
 func (r *Reconciler) mayWrite() bool { return r.MayWrite == nil || r.MayWrite() }
@@ -250,7 +289,7 @@ func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstr
 		}
 	}
 	if len(orphaned) > 0 && r.mayWrite() {
-		return reconcile.Result{}, r.releaseAll(ctx, "", orphaned, "orphaned")
+		return r.releaseBatch(ctx, orphaned, "orphaned")
 	}
 	return reconcile.Result{}, nil
 }
@@ -473,6 +512,16 @@ func (r *Reconciler) parentOf(_ context.Context, obj client.Object) []reconcile.
 // self maps a parent to itself, and records the change as pending.
 func (r *Reconciler) self(_ context.Context, obj client.Object) []reconcile.Request {
 	return r.pendingRequest(client.ObjectKeyFromObject(obj))
+}
+
+// enqueue has the parent of pod reconciled: pod was read by a sweep, or is
+// gone before its stamp.
+func (r *Reconciler) enqueue(pod *Pod) {
+	if q := r.queue.Load(); q != nil {
+		for _, req := range r.pendingRequest(types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}) {
+			(*q).Add(req)
+		}
+	}
 }
 
 func (r *Reconciler) pendingRequest(name types.NamespacedName) []reconcile.Request {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
@@ -67,6 +69,9 @@ type Options struct {
 	// TrackingGrace is how long a finished pod of a kind with totals may
 	// wait to be recorded before it is released uncounted (lost).
 	TrackingGrace time.Duration
+	// Namespaces selects the namespaces whose pods the backfill stamps: the
+	// webhook registration's namespaceSelector. Nil selects every one.
+	Namespaces labels.Selector
 }
 
 // Setup adds the pod index, the backfill sweep and one controller per
@@ -106,8 +111,12 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	backfill := NewBackfill(mutate.NewMutator(parents, checker), mgr.GetAPIReader(), mgr.GetClient(), indexed.GetIndexer(),
 		mgr.GetCache().WaitForCacheSync, opts.BackfillInterval, log.WithName("backfill"))
 	backfill.mayWrite = opts.MayWrite
+	backfill.Namespaces = opts.Namespaces
 	if err := mgr.Add(backfill); err != nil {
 		return err
+	}
+	if _, err := informer.AddEventHandler(backfill.Unstamped.EventHandler()); err != nil {
+		return fmt.Errorf("watching pods for the backfill: %w", err)
 	}
 
 	kindChecker := servable.NewChecker(mgr.GetRESTMapper(), disco)
@@ -120,6 +129,7 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 		return err
 	}
 	k := &kinds{mgr: mgr, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, opts: opts}
+	backfill.Unstamped.Notify(k.notify)
 	var pending []config.Parent
 	for _, p := range parents {
 		problem, err := k.serve(p)
@@ -156,6 +166,15 @@ type kinds struct {
 	pods     toolscache.Indexer
 	backfill *Backfill
 	opts     Options
+	// served holds the reconciler of each kind served, by GroupKind.
+	served sync.Map
+}
+
+// notify has the parent of pod reconciled, when its kind is served.
+func (k *kinds) notify(pod *Pod) {
+	if r, ok := k.served.Load(pod.Controller.Kind); ok {
+		r.(*Reconciler).enqueue(pod)
+	}
 }
 
 // serve adds the controller of kind p when the API server serves it with a
@@ -170,12 +189,17 @@ func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 	}
 	r := NewReconciler(p, Deps{
 		Parents: k.mgr.GetCache(), Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
-		Backfilled: k.backfill.Wait, MayWrite: k.opts.MayWrite, Recorder: k.mgr.GetEventRecorder(FieldManager), Totals: k.gate,
+		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite,
+		Recorder: k.mgr.GetEventRecorder(FieldManager), Totals: k.gate,
 	})
 	err := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).
 		Watches(newParent(p.GroupVersionKind()), handler.EnqueueRequestsFromMapFunc(r.self)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.parentOf)).
+		WatchesRawSource(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+			r.queue.Store(&q)
+			return nil
+		})).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: k.opts.MaxConcurrentReconciles,
 			// Names are unique per manager (the config rejects a kind
@@ -196,6 +220,7 @@ func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the controller of %s: %w", kind, err)
 	}
+	k.served.Store(p.GroupKind(), r)
 	kindProblems.DeletePartialMatch(prometheus.Labels{"kind": kind})
 	return nil, nil
 }

@@ -15,7 +15,7 @@ func TestOverdue(t *testing.T) {
 	now := time.Unix(10_000, 0)
 	grace := 2 * time.Minute
 	held := func(uid types.UID, deleted time.Duration) *Pod {
-		p := &Pod{ObjectMeta: metav1.ObjectMeta{UID: uid}, Tracking: true, Phase: corev1.PodSucceeded}
+		p := &Pod{Meta: Meta{UID: uid}, Tracking: true, Phase: corev1.PodSucceeded}
 		if deleted > 0 {
 			p.DeletionTimestamp = &metav1.Time{Time: now.Add(-deleted)}
 		}
@@ -61,7 +61,7 @@ func TestIndexHeld(t *testing.T) {
 	}{
 		{"running, tracked", &Pod{Tracking: true, Phase: corev1.PodRunning, Controller: kind}, false, true},
 		{"finished, tracked", &Pod{Tracking: true, Phase: corev1.PodFailed, Controller: kind}, true, true},
-		{"being deleted, tracked", &Pod{Tracking: true, Phase: corev1.PodRunning, Controller: kind, ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &metav1.Time{}}}, true, true},
+		{"being deleted, tracked", &Pod{Tracking: true, Phase: corev1.PodRunning, Controller: kind, Meta: Meta{DeletionTimestamp: &metav1.Time{}}}, true, true},
 		{"finished, released", &Pod{Phase: corev1.PodSucceeded, Controller: kind}, false, false},
 		{"tracked, of no tracked kind", &Pod{Tracking: true, Phase: corev1.PodSucceeded}, false, false},
 	}

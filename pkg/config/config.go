@@ -12,6 +12,9 @@ import (
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 )
@@ -53,6 +56,32 @@ type Config struct {
 	// VerifyOwner makes the webhook confirm, from an informer cache, that a
 	// pod's owner exists with the referenced UID before stamping the pod.
 	VerifyOwner bool `json:"verifyOwner"`
+	// NamespaceSelector is the webhook registration's namespaceSelector:
+	// the namespaces whose pods tally stamps. The backfill sweep follows it
+	// too. Absent, every namespace but kube-system
+	// (DefaultNamespaceSelector).
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+}
+
+// DefaultNamespaceSelector selects every namespace but kube-system.
+func DefaultNamespaceSelector() *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{metav1.NamespaceSystem},
+	}}}
+}
+
+// Namespaces returns NamespaceSelector (DefaultNamespaceSelector when not
+// set) as a selector of namespace labels.
+func (c *Config) Namespaces() labels.Selector {
+	sel := c.NamespaceSelector
+	if sel == nil {
+		sel = DefaultNamespaceSelector()
+	}
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		return labels.Nothing() // validate rejected it
+	}
+	return s
 }
 
 // Parent is one tracked parent kind.
@@ -144,6 +173,9 @@ func Parse(data []byte) (*Config, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if cfg.NamespaceSelector == nil {
+		cfg.NamespaceSelector = DefaultNamespaceSelector()
+	}
 	for i := range cfg.Parents {
 		if len(cfg.Parents[i].Counts) == 0 {
 			cfg.Parents[i].Counts = maps.Clone(DefaultCounts)
@@ -153,7 +185,7 @@ func Parse(data []byte) (*Config, error) {
 }
 
 var (
-	topKeys    = []string{"parents", "verifyOwner"}
+	topKeys    = []string{"parents", "verifyOwner", "namespaceSelector"}
 	parentKeys = []string{"group", "version", "kind", "resource", "counts", "ledger"}
 )
 
@@ -226,6 +258,11 @@ func (c *Config) validate() error {
 			if err := validatePath(p.Ledger, "tallyLedger"); err != nil {
 				errs = append(errs, fmt.Errorf("%s.ledger: %w", at, err))
 			}
+		}
+	}
+	if c.NamespaceSelector != nil {
+		if _, err := metav1.LabelSelectorAsSelector(c.NamespaceSelector); err != nil {
+			errs = append(errs, fmt.Errorf("namespaceSelector: %w", err))
 		}
 	}
 	return errors.Join(errs...)

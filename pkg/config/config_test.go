@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestParseValid(t *testing.T) {
@@ -24,7 +25,7 @@ parents:
 			want: Config{Parents: []Parent{{
 				Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool",
 				Counts: map[Count]string{Completing: "status.completing"},
-			}}},
+			}}, NamespaceSelector: DefaultNamespaceSelector()},
 		},
 		"explicit mapping, core group, verifyOwner": {
 			doc: `
@@ -40,9 +41,12 @@ parents:
     version: v1
     kind: ReplicationController
 verifyOwner: true
+namespaceSelector:
+  matchLabels: {team: a}
 `,
 			want: Config{
-				VerifyOwner: true,
+				VerifyOwner:       true,
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}},
 				Parents: []Parent{
 					{
 						Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Resource: "workerpools",
@@ -64,7 +68,7 @@ parents:
 			want: Config{Parents: []Parent{{
 				Version: "v1", Kind: "A",
 				Counts: map[Count]string{UnexpectedTotal: "status.restarts"}, Ledger: "status.tallyLedger",
-			}}},
+			}}, NamespaceSelector: DefaultNamespaceSelector()},
 		},
 	}
 	for name, tc := range tests {
@@ -88,6 +92,10 @@ func TestParseInvalid(t *testing.T) {
 		"unknown parent key": {
 			doc:     "parents: [{version: v1, kind: A, resources: as}]\n",
 			wantErr: `parents[0].resources: unknown key`,
+		},
+		"bad namespace selector": {
+			doc:     "parents: [{version: v1, kind: A}]\nnamespaceSelector: {matchExpressions: [{key: team, operator: Near}]}\n",
+			wantErr: `namespaceSelector: "Near" is not a valid label selector operator`,
 		},
 		"no parents": {
 			doc:     "verifyOwner: true\n",

@@ -65,6 +65,10 @@ type Decision struct {
 	// unstamped. The handler fails the call, so that the webhook's
 	// failurePolicy decides.
 	Unavailable string
+	// Parent is the parent whose identity the pod carries once Patch is
+	// applied: its controller owner of a tracked kind, verified when owners
+	// are. Zero when it carries none.
+	Parent Owner
 }
 
 // Owner identifies a pod's controller owner of a tracked kind.
@@ -189,6 +193,7 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	var want identity
 	if isTracked {
 		want = identityOf(owner)
+		d.Parent = owner
 	}
 	p := patcher{in: in, d: &d}
 	p.label(keys.ParentUID, want.uid, want.hasUID)

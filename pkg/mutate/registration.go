@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"tally.dev/tally/pkg/config"
@@ -79,9 +78,7 @@ func Webhook(parents []config.Parent, clientConfig admissionregistrationv1.Webho
 				Scope: ptr.To(admissionregistrationv1.NamespacedScope),
 			},
 		}},
-		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-			Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system"},
-		}}},
+		NamespaceSelector: config.DefaultNamespaceSelector(),
 		MatchConditions: []admissionregistrationv1.MatchCondition{
 			{Name: MatchConditionName, Expression: MatchExpression(parents)},
 			{Name: AggregatorConditionName, Expression: AggregatorExpression(aggregatorUser)},

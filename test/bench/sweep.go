@@ -91,7 +91,7 @@ func runSweep(env *framework.Env, total, tracked int) error {
 		}
 		took := time.Since(start)
 		fmt.Printf("%s: %s (%.2fx the List), %d pods stamped, %.1f MiB received (%.3fx), %.1f MiB sent, %d requests\n",
-			phase, took.Round(time.Millisecond), took.Seconds()/baseTime.Seconds(), len(stamped),
+			phase, took.Round(time.Millisecond), took.Seconds()/baseTime.Seconds(), stamped,
 			mib(counted.received.Load()), float64(counted.received.Load())/float64(baseBytes), mib(counted.sent.Load()), counted.requests.Load())
 	}
 	return nil

@@ -132,6 +132,7 @@ func TestAggregatorRBAC(t *testing.T) {
 	require.True(t, find(t, objs, "ClusterRole", "tally-aggregator", &role))
 	assert.ElementsMatch(t, []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"list"}},
 		{APIGroups: []string{"batch.example.com"}, Resources: []string{"batchruns"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"batch.example.com"}, Resources: []string{"batchruns/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{"example.tally.dev"}, Resources: []string{"workerpools"}, Verbs: []string{"get", "list", "watch"}},
@@ -163,9 +164,10 @@ func TestAggregatorRBAC(t *testing.T) {
 // defines (which the suites and the demo register) for the configured
 // parents and the release's aggregator: rules, namespaces, match
 // conditions and policies, all but where it is served and its per-release
-// settings.
+// settings. Its namespaceSelector is the config's, which the aggregator's
+// sweep follows.
 func TestMatchConditions(t *testing.T) {
-	for _, values := range [][]string{nil, {"two-parents.yaml"}} {
+	for _, values := range [][]string{nil, {"two-parents.yaml"}, {"namespaces.yaml"}} {
 		objs := objects(t, render(t, values...))
 		var cm struct {
 			Data map[string]string `json:"data"`
@@ -186,8 +188,11 @@ func TestMatchConditions(t *testing.T) {
 		want := mutate.Webhook(cfg.Parents, got.ClientConfig, framework.AggregatorUser)
 		// Values, not definitions: failurePolicy and namespace narrowing.
 		want.FailurePolicy = got.FailurePolicy
-		want.NamespaceSelector.MatchLabels = got.NamespaceSelector.MatchLabels
+		want.NamespaceSelector = cfg.NamespaceSelector
 		assert.Equal(t, want, got)
+		if len(values) > 0 && values[0] == "namespaces.yaml" {
+			assert.Equal(t, "kubernetes.io/metadata.name notin (kube-system),!tally.example/excluded,team=batch", cfg.Namespaces().String())
+		}
 	}
 }
 

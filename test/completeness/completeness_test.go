@@ -3,6 +3,7 @@ package completeness
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,14 +11,17 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	aggregatorapp "tally.dev/tally/cmd/aggregator/app"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/test/builder"
 )
 
 // TestInstallIntoRunningCluster: 3 parents with 200 pods each exist before
@@ -49,7 +53,7 @@ func TestInstallIntoRunningCluster(t *testing.T) {
 	for _, name := range names {
 		converges(t, ns, name, uids[name], 60*time.Second)
 	}
-	assert.Empty(t, unstamped(t, ns))
+	stamps(t, ns)
 	for _, name := range names {
 		want := truth(t, ns, uids[name])
 		got := written.of(name)
@@ -57,6 +61,105 @@ func TestInstallIntoRunningCluster(t *testing.T) {
 		for i, g := range got {
 			assert.Equal(t, want, g, "status write %d of %s", i, name)
 		}
+	}
+}
+
+// TestCountsBeforeStamps: 2 parents with 300 unstamped pods each (running,
+// with an intent, succeeded, failed, being deleted), and an aggregator whose
+// client may send 5 requests a second, so that its stamps take two minutes:
+// each parent's counts are right while most pods are still unstamped, every
+// value written is the truth, and the stamps follow.
+func TestCountsBeforeStamps(t *testing.T) {
+	ns := namespace(t)
+	names := []string{"p0", "p1"}
+	uids := map[string]types.UID{}
+	var pods []*corev1.Pod
+	for _, name := range names {
+		uids[name] = createPool(t, ns, name)
+		for i := range 300 {
+			b := builder.Pod(ns, fmt.Sprintf("%s-%03d", name, i)).ControlledBy(builder.WorkerPoolGVK, name, uids[name]).Mixed(i)
+			switch i % 5 {
+			case 1:
+				b = b.Phase(corev1.PodFailed)
+			case 2:
+				b = b.Finalizer("example.tally.dev/hold") // deleted below, kept by it
+			}
+			pods = append(pods, b.Build())
+		}
+	}
+	createAll(t, env.Client, pods)
+	for _, p := range pods {
+		if slices.Contains(p.Finalizers, "example.tally.dev/hold") {
+			require.NoError(t, env.Client.Delete(context.Background(), p.DeepCopy()))
+			t.Cleanup(func() { releaseHold(t, p) })
+		}
+	}
+
+	written := record(t, ns)
+	runAggregator(t, &config.Config{Parents: workerPools}, aggregatorapp.Options{
+		MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4, BackfillInterval: time.Hour, QPS: 5, Burst: 5,
+	})
+	for _, name := range names {
+		converges(t, ns, name, uids[name], 60*time.Second)
+	}
+	assert.Greater(t, len(unstamped(t, ns)), 300, "the counts are right before most stamps are written")
+	for _, name := range names {
+		want := truth(t, ns, uids[name])
+		got := written.of(name)
+		require.NotEmpty(t, got, name)
+		for i, g := range got {
+			assert.Equal(t, want, g, "status write %d of %s", i, name)
+		}
+	}
+	// The stamps keep coming, and the counts stay right as they land.
+	before := len(unstamped(t, ns))
+	require.Eventually(t, func() bool { return len(unstamped(t, ns)) < before-20 }, 30*time.Second, 500*time.Millisecond)
+	for _, name := range names {
+		converges(t, ns, name, uids[name], 10*time.Second)
+		for i, g := range written.of(name) {
+			assert.Equal(t, truth(t, ns, uids[name]), g, "status write %d of %s", i, name)
+		}
+	}
+}
+
+// TestSweepFollowsTheNamespaceSelector: the sweep stamps the pods of the
+// namespaces the configured namespaceSelector selects, and never those of
+// the others.
+func TestSweepFollowsTheNamespaceSelector(t *testing.T) {
+	in, out := namespace(t), namespace(t)
+	ctx := context.Background()
+	nsObj := &corev1.Namespace{}
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: out}, nsObj))
+	nsObj.Labels["tally.example/excluded"] = "true"
+	require.NoError(t, env.Client.Update(ctx, nsObj))
+
+	inUID, outUID := createPool(t, in, "pool"), createPool(t, out, "pool")
+	createAll(t, env.Client, append(podsOf(in, "pool", inUID, 0, 20), podsOf(out, "pool", outUID, 0, 20)...))
+	selector := config.DefaultNamespaceSelector()
+	selector.MatchExpressions = append(selector.MatchExpressions,
+		metav1.LabelSelectorRequirement{Key: "tally.example/excluded", Operator: metav1.LabelSelectorOpDoesNotExist})
+	runAggregator(t, &config.Config{Parents: workerPools, NamespaceSelector: selector}, aggregatorapp.Options{
+		MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4, BackfillInterval: time.Second, QPS: 50, Burst: 100,
+	})
+	converges(t, in, "pool", inUID, 30*time.Second)
+	require.Eventually(t, func() bool { return len(unstamped(t, in)) == 0 }, 30*time.Second, 200*time.Millisecond)
+	time.Sleep(3 * time.Second) // more sweeps
+	assert.Len(t, unstamped(t, out), 20, "no pod of the excluded namespace is stamped")
+	var pods corev1.PodList
+	require.NoError(t, env.Client.List(ctx, &pods, client.InNamespace(out)))
+	for _, p := range pods.Items {
+		assert.Empty(t, p.Finalizers, "pod %s", p.Name)
+	}
+	assert.Equal(t, int64(0), shown(t, out, "pool")[config.Active], "the excluded namespace's pods are not counted")
+}
+
+// releaseHold removes the test's finalizer from pod, so that its deletion
+// completes.
+func releaseHold(t *testing.T, pod *corev1.Pod) {
+	patch := []byte(`{"metadata":{"$deleteFromPrimitiveList/finalizers":["example.tally.dev/hold"]}}`)
+	err := env.Client.Patch(context.Background(), pod.DeepCopy(), client.RawPatch(types.StrategicMergePatchType, patch))
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("releasing %s: %v", pod.Name, err)
 	}
 }
 
@@ -79,7 +182,7 @@ func TestOutageUnderIgnore(t *testing.T) {
 	w.start(t)
 
 	converges(t, ns, "pool", uid, 15*time.Second)
-	assert.Empty(t, unstamped(t, ns))
+	stamps(t, ns)
 	assert.Equal(t, int64(60), sum(truth(t, ns, uid)))
 	// Intents set while the webhook was down are recorded as first seen by
 	// the sweep, by no one observed.
@@ -104,7 +207,7 @@ func TestOutageUnderFailAtStart(t *testing.T) {
 
 	startAggregator(t, time.Hour, false)
 	converges(t, ns, "pool", uid, 60*time.Second)
-	assert.Empty(t, unstamped(t, ns))
+	stamps(t, ns)
 }
 
 // TestSweepVerifiesOwners: with verifyOwner the sweep stamps only pods
@@ -117,6 +220,7 @@ func TestSweepVerifiesOwners(t *testing.T) {
 
 	startAggregator(t, time.Hour, true)
 	converges(t, ns, "pool", uid, 60*time.Second)
+	require.Eventually(t, func() bool { return len(unstamped(t, ns)) == 3 }, 30*time.Second, 100*time.Millisecond)
 	assert.ElementsMatch(t, []string{"ghost-000", "ghost-001", "ghost-002"}, unstamped(t, ns))
 	require.Eventually(t, func() bool { return gauge(t, "tally_aggregator_unstamped_pods") == 3 }, 10*time.Second, 100*time.Millisecond)
 }

@@ -132,12 +132,19 @@ func (w *webhook) register(t *testing.T, ns string, policy admissionregistration
 // test ends.
 func startAggregator(t *testing.T, backfill time.Duration, verifyOwner bool) {
 	t.Helper()
+	runAggregator(t, &config.Config{Parents: workerPools, VerifyOwner: verifyOwner},
+		aggregatorapp.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4, BackfillInterval: backfill, QPS: 50, Burst: 100})
+}
+
+// runAggregator runs the aggregator with cfg and opts as
+// framework.AggregatorUser until the test ends.
+func runAggregator(t *testing.T, cfg *config.Config, opts aggregatorapp.Options) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		err := aggregatorapp.Run(ctx, &config.Config{Parents: workerPools, VerifyOwner: verifyOwner}, aggregatorConfig,
-			aggregatorapp.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4, BackfillInterval: backfill, QPS: 50, Burst: 100})
+		err := aggregatorapp.Run(ctx, cfg, aggregatorConfig, opts)
 		if err != nil {
 			t.Errorf("aggregator stopped: %v", err)
 		}
@@ -257,6 +264,14 @@ func unstamped(t *testing.T, ns string) []string {
 		}
 	}
 	return out
+}
+
+// stamps waits until every pod of ns carries its controller's identity:
+// the counts come first, the stamps follow at the client's rate.
+func stamps(t *testing.T, ns string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(unstamped(t, ns)) == 0 }, 60*time.Second, 100*time.Millisecond,
+		"pods left unstamped")
 }
 
 // recorder records every status a namespace's parents show, as watched.

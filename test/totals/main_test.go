@@ -153,11 +153,13 @@ type aggregator struct {
 }
 
 // startAggregator runs the aggregator with cfg as the chart's service
-// account, with leader election in leaseNS when it is not empty.
-func startAggregator(t *testing.T, name, cfg, leaseNS string) *aggregator {
+// account, with leader election in leaseNS when it is not empty, and the
+// flags in extra (which may replace the metrics address).
+func startAggregator(t *testing.T, name, cfg, leaseNS string, extra ...string) *aggregator {
 	t.Helper()
 	args := []string{"--config", cfg, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
 		"--metrics-bind-address", "0", "--backfill-interval", "1h"}
+	args = append(args, extra...)
 	if leaseNS != "" {
 		args = append(args, "--leader-elect", "--leader-election-namespace", leaseNS, "--leader-election-id", "tally-aggregator")
 	}

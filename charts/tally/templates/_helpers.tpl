@@ -51,6 +51,27 @@ parents:
     {{- end }}
 {{- end }}
 verifyOwner: {{ .Values.verifyOwner }}
+namespaceSelector:
+  {{- include "tally.namespaceSelector" . | nindent 2 }}
+{{- end -}}
+
+{{/*
+The namespaces whose pods tally stamps: the webhook registration's
+namespaceSelector, which the aggregator's backfill sweep follows too (it
+reads it from the config). kube-system is always excluded.
+*/}}
+{{- define "tally.namespaceSelector" -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values: ["kube-system"]
+  {{- with .Values.webhook.namespaceSelector.matchExpressions }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .Values.webhook.namespaceSelector.matchLabels }}
+matchLabels:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/*

@@ -1,0 +1,148 @@
+package aggregate
+
+import (
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+)
+
+// Unstamped holds the pods a backfill sweep decided to stamp, as it read
+// them, by the parent their stamp names, until the pod cache (which sees
+// only stamped pods) shows them. The counts include them meanwhile: a
+// fresh install into a cluster with many unstamped pods writes complete
+// counts as soon as the sweep has read them, while the stamps follow at the
+// client's rate.
+type Unstamped struct {
+	mu       sync.Mutex
+	byKey    map[string]*Pod
+	byParent map[types.UID]map[string]*Pod
+	// notify, when set, is told of the pods whose entry came or went
+	// outside of a reconcile, so that their parent is counted again.
+	notify func(*Pod)
+}
+
+// NewUnstamped returns an empty Unstamped.
+func NewUnstamped() *Unstamped {
+	return &Unstamped{byKey: map[string]*Pod{}, byParent: map[types.UID]map[string]*Pod{}}
+}
+
+// Notify makes f be told of each pod whose entry came or went outside of a
+// reconcile (a sweep's read, a pod gone before its stamp), so that its
+// parent is counted again.
+func (u *Unstamped) Notify(f func(*Pod)) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.notify = f
+}
+
+// replace makes pods, by pod key, what a sweep read.
+func (u *Unstamped) replace(pods map[string]*Pod) {
+	byParent := map[types.UID]map[string]*Pod{}
+	for key, p := range pods {
+		m := byParent[p.ParentUID]
+		if m == nil {
+			m = map[string]*Pod{}
+			byParent[p.ParentUID] = m
+		}
+		m[key] = p
+	}
+	u.mu.Lock()
+	old := u.byParent
+	u.byKey, u.byParent = pods, byParent
+	notify := u.notify
+	u.mu.Unlock()
+	if notify == nil {
+		return
+	}
+	for _, m := range []map[types.UID]map[string]*Pod{old, byParent} {
+		for _, byKey := range m {
+			for _, p := range byKey {
+				notify(p) // one per parent
+				break
+			}
+		}
+	}
+}
+
+// Forget drops the pod under key: the cache shows it now (the pod
+// informer's event handlers call it with every pod they are given), or it
+// is gone. A pod gone before the cache showed it has its parent counted
+// again.
+func (u *Unstamped) Forget(key string, gone bool) {
+	u.mu.Lock()
+	p := u.drop(key)
+	notify := u.notify
+	u.mu.Unlock()
+	if p != nil && gone && notify != nil {
+		notify(p)
+	}
+}
+
+// drop removes the pod under key; u.mu is held.
+func (u *Unstamped) drop(key string) *Pod {
+	p, ok := u.byKey[key]
+	if !ok {
+		return nil
+	}
+	delete(u.byKey, key)
+	if m := u.byParent[p.ParentUID]; m != nil {
+		delete(m, key)
+		if len(m) == 0 {
+			delete(u.byParent, p.ParentUID)
+		}
+	}
+	return p
+}
+
+// Of returns the parent's pods that the cache (pods, the pod informer's
+// indexer) does not show yet, and forgets those it shows: the cache counts
+// them from then on.
+func (u *Unstamped) Of(parent types.UID, pods toolscache.Indexer) []*Pod {
+	if u == nil {
+		return nil
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []*Pod
+	for key, p := range u.byParent[parent] {
+		if _, exists, err := pods.GetByKey(key); err == nil && exists {
+			u.drop(key)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// Keys returns the keys of the pods held.
+func (u *Unstamped) Keys() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make([]string, 0, len(u.byKey))
+	for key := range u.byKey {
+		out = append(out, key)
+	}
+	return out
+}
+
+// Len returns how many pods are held.
+func (u *Unstamped) Len() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.byKey)
+}
+
+// EventHandler returns the pod informer's handler that forgets each pod
+// the cache is given: from then on the cache counts it.
+func (u *Unstamped) EventHandler() toolscache.ResourceEventHandler {
+	forget := func(obj any) {
+		if p, ok := obj.(*Pod); ok {
+			u.Forget(p.Namespace+"/"+p.Name, false)
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    forget,
+		UpdateFunc: func(_, obj any) { forget(obj) },
+	}
+}

@@ -1,0 +1,55 @@
+package aggregate
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+)
+
+func TestUnstamped(t *testing.T) {
+	read := func(name string, parent types.UID) *Pod {
+		p := cachedPod(types.UID(name), corev1.PodRunning, false, false, false)
+		p.ParentUID, p.Controller.UID = parent, parent
+		return p
+	}
+	a1, a2, b1 := read("a1", "a"), read("a2", "a"), read("b1", "b")
+	cache := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, Indexers)
+	u := NewUnstamped()
+	var notified []types.UID
+	u.Notify(func(p *Pod) { notified = append(notified, p.ParentUID) })
+
+	u.replace(map[string]*Pod{"ns/a1": a1, "ns/a2": a2, "ns/b1": b1})
+	assert.ElementsMatch(t, []types.UID{"a", "b"}, notified, "every parent read is counted again")
+	assert.ElementsMatch(t, names([]*Pod{a1, a2}), names(u.Of("a", cache)))
+
+	// Stamped: the cache shows it, and counts it from then on.
+	stamped := read("a1", "a")
+	stamped.Tracking = true
+	require.NoError(t, cache.Add(stamped))
+	assert.ElementsMatch(t, names([]*Pod{a2}), names(u.Of("a", cache)))
+	assert.Equal(t, 2, u.Len())
+
+	// Given to the cache by its informer, then deleted before a reconcile:
+	// forgotten all the same.
+	notified = nil
+	u.EventHandler().OnAdd(read("b1", "b"), false)
+	assert.Empty(t, u.Of("b", cache))
+	assert.Empty(t, notified, "a pod the cache was given is counted from the cache's own event")
+
+	// Gone before its stamp.
+	u.Forget("ns/a2", true)
+	assert.Empty(t, u.Of("a", cache))
+	assert.Equal(t, []types.UID{"a"}, notified)
+	assert.Zero(t, u.Len())
+
+	// The next sweep's read replaces the last.
+	notified = nil
+	u.replace(map[string]*Pod{"ns/b2": read("b2", "b")})
+	assert.Equal(t, []types.UID{"b"}, notified)
+	assert.Len(t, u.Of("b", cache), 1)
+	assert.Nil(t, (*Unstamped)(nil).Of("b", cache))
+}
