@@ -22,6 +22,12 @@
 // against the same pods finishing under the four counts only, in bursts of
 // 100 and one at a time.
 //
+// The scenario install: a fresh install into a cluster of unstamped pods
+// (namespaces × parents-per-namespace × pods; 30,000 in `make bench`,
+// 150,000 in `make bench-scale`): time until every parent shows its true
+// counts, against the time until every pod is stamped (when the counts
+// waited for the stamps), and the API requests spent.
+//
 // The scenario scale (`make bench-scale`, not part of `make bench`): 150,000
 // pods at Kubernetes' limits (50 namespaces × 30 parents × 100 pods), counted
 // by tally's aggregator (with protobuf, then JSON) and by the conventional
@@ -67,13 +73,14 @@ func main() {
 	burst := flag.Int("burst", 5000, "pod changes in the burst")
 	rate := flag.Int("rate", 200, "pod changes per second in the steady phase")
 	steady := flag.Duration("steady", 20*time.Second, "length of the steady phase")
-	scenario := flag.String("scenario", "counts", "counts, sweep, scale, totals, or webhook")
+	scenario := flag.String("scenario", "counts", "counts, sweep, scale, install, totals, or webhook")
 	step := flag.Duration("step", 3*time.Second, "webhook: length of each load step over TLS")
 	apiRound := flag.Duration("api-round", 20*time.Second, "webhook: length of each round of pod creates through the API server")
 	namespaces := flag.Int("namespaces", 50, "scale: namespaces")
 	parentsPerNS := flag.Int("parents-per-namespace", 30, "scale: parents per namespace")
 	total := flag.Int("total", 10_000, "sweep: pods in the cluster")
 	tracked := flag.Int("tracked", 1_000, "sweep: pods of a tracked kind among them, unlabelled")
+	bigParent := flag.Int("big-parent", 5_000, "totals: pods of the big parent")
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	err := withControlPlane(func(env *framework.Env) error {
@@ -86,8 +93,10 @@ func main() {
 			return runWebhook(env, *step, *apiRound)
 		case "scale":
 			return runScale(env, *namespaces, *parentsPerNS, *podsPer)
+		case "install":
+			return runInstall(env, *namespaces, *parentsPerNS, *podsPer)
 		case "totals":
-			return runTotals(env, 20, 50, 100)
+			return runTotals(env, 20, 50, 100, *bigParent)
 		}
 		return fmt.Errorf("unknown scenario %q", *scenario)
 	})

@@ -22,9 +22,16 @@ import (
 )
 
 // writes counts the aggregator's requests that the totals add to: pod
-// patches, status applies, and lists of a parent's pods.
+// patches, status applies, lists and reads of pods, and every request but
+// watches, with the bytes of their answers.
 type writes struct {
-	podPatches, statusApplies, podLists atomic.Int64
+	podPatches, statusApplies, podLists, podReads, requests, received atomic.Int64
+}
+
+func (w *writes) reset() {
+	for _, n := range []*atomic.Int64{&w.podPatches, &w.statusApplies, &w.podLists, &w.podReads, &w.requests, &w.received} {
+		n.Store(0)
+	}
 }
 
 func writesConfig(base *rest.Config) (*rest.Config, *writes) {
@@ -33,6 +40,10 @@ func writesConfig(base *rest.Config) (*rest.Config, *writes) {
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripper(func(req *http.Request) (*http.Response, error) {
 			path := req.URL.Path
+			watching := req.URL.Query().Get("watch") != ""
+			if !watching {
+				w.requests.Add(1)
+			}
 			switch {
 			case req.Method == http.MethodPatch && strings.HasSuffix(path, "/status") && strings.Contains(path, "/workerpools/"):
 				w.statusApplies.Add(1)
@@ -41,8 +52,14 @@ func writesConfig(base *rest.Config) (*rest.Config, *writes) {
 			case req.Method == http.MethodGet && strings.HasSuffix(path, "/pods") && req.URL.Query().Get("watch") == "" &&
 				strings.Contains(req.URL.Query().Get("labelSelector"), keys.ParentUID+"="):
 				w.podLists.Add(1)
+			case req.Method == http.MethodGet && strings.Contains(path, "/pods/"):
+				w.podReads.Add(1)
 			}
-			return rt.RoundTrip(req)
+			resp, err := rt.RoundTrip(req)
+			if err == nil && !watching {
+				resp.Body = &countingBody{ReadCloser: resp.Body, n: &w.received}
+			}
+			return resp, err
 		})
 	})
 	return cfg, w
@@ -51,8 +68,9 @@ func writesConfig(base *rest.Config) (*rest.Config, *writes) {
 // runTotals measures what the cumulative totals cost in API requests: the
 // same pods finish (half Failed, half deleted while running) under the
 // aggregator with the four counts only (the baseline) and with both totals
-// mapped, first in bursts, then one at a time.
-func runTotals(env *framework.Env, nParents, podsPer, burst int) error {
+// mapped: in bursts, one at a time, and one at a time in one parent of
+// bigPod pods.
+func runTotals(env *framework.Env, nParents, podsPer, burst, bigPods int) error {
 	counts := map[config.Count]string{
 		config.Completing: "status.completing", config.Completed: "status.completed",
 		config.Active: "status.active", config.Unexpected: "status.unexpected",
@@ -68,13 +86,10 @@ func runTotals(env *framework.Env, nParents, podsPer, burst int) error {
 		label string
 	}
 	var results []result
-	for _, workload := range []struct {
-		name           string
-		parents, burst int
-		pause          time.Duration
-	}{
-		{fmt.Sprintf("bursts of %d", burst), nParents, burst, time.Second},
-		{"one at a time, 100 ms apart", 2, 1, 100 * time.Millisecond},
+	for _, wl := range []workload{
+		{name: fmt.Sprintf("%d pods in bursts of %d", nParents*podsPer, burst), parents: nParents, podsPer: podsPer, finish: nParents * podsPer, burst: burst, pause: time.Second},
+		{name: "100 pods one at a time, 100 ms apart", parents: 2, podsPer: podsPer, finish: 2 * podsPer, burst: 1, pause: 100 * time.Millisecond},
+		{name: fmt.Sprintf("200 of a %d-pod parent one at a time, 100 ms apart", bigPods), parents: 1, podsPer: bigPods, finish: 200, burst: 1, pause: 100 * time.Millisecond},
 	} {
 		for _, mode := range []struct {
 			name   string
@@ -83,54 +98,68 @@ func runTotals(env *framework.Env, nParents, podsPer, burst int) error {
 			{"counts only (baseline)", config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: counts}},
 			{"counts and totals", config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: withTotals, Ledger: "status.tallyLedger"}},
 		} {
-			label := workload.name + ", " + mode.name
-			w, took, n, err := finishAll(env, mode.parent, workload.parents, podsPer, workload.burst, workload.pause)
+			label := wl.name + ", " + mode.name
+			w, took, err := finishAll(env, mode.parent, wl)
 			if err != nil {
 				return fmt.Errorf("%s: %w", label, err)
 			}
-			results = append(results, result{w: w, took: took, pods: n, label: label})
-			fmt.Printf("%-48s %d pods finished, settled in %s: pod patches %d, status applies %d, pod lists %d\n",
-				label, n, took.Round(time.Millisecond), w.podPatches.Load(), w.statusApplies.Load(), w.podLists.Load())
+			results = append(results, result{w: w, took: took, pods: wl.finish, label: label})
+			fmt.Printf("%-72s settled in %s: requests %d (%.1f MiB received), pod patches %d, status applies %d, pod lists %d, pod reads %d\n",
+				label, took.Round(time.Millisecond), w.requests.Load(), mib(w.received.Load()), w.podPatches.Load(), w.statusApplies.Load(), w.podLists.Load(), w.podReads.Load())
 		}
 		base, tot := results[len(results)-2], results[len(results)-1]
-		per := func(f func(*writes) int64) float64 {
-			return float64(f(tot.w)-f(base.w)) / float64(tot.pods)
+		per := func(f func(*writes) *atomic.Int64) float64 {
+			return float64(f(tot.w).Load()-f(base.w).Load()) / float64(tot.pods)
 		}
-		fmt.Printf("%s: per finished pod, the totals add %.3f pod patches, %.3f status applies, %.3f pod lists (target: at most 1 pod patch, status applies well under 1 in bursts)\n",
-			workload.name,
-			per(func(w *writes) int64 { return w.podPatches.Load() }),
-			per(func(w *writes) int64 { return w.statusApplies.Load() }),
-			per(func(w *writes) int64 { return w.podLists.Load() }))
+		fmt.Printf("%s: per finished pod, the totals add %.1f KiB received and %.3f requests: %.3f pod patches, %.3f status applies, %.3f pod lists, %.3f pod reads (targets: at most 1 pod patch, at most 0.05 pod lists)\n",
+			wl.name,
+			per(func(w *writes) *atomic.Int64 { return &w.received })/1024,
+			per(func(w *writes) *atomic.Int64 { return &w.requests }),
+			per(func(w *writes) *atomic.Int64 { return &w.podPatches }),
+			per(func(w *writes) *atomic.Int64 { return &w.statusApplies }),
+			per(func(w *writes) *atomic.Int64 { return &w.podLists }),
+			per(func(w *writes) *atomic.Int64 { return &w.podReads }))
 	}
 	return nil
 }
 
-// finishAll creates nParents parents of podsPer running pods (carrying the
+// workload is how the pods of a totals run finish: the first finish of
+// parents × podsPer pods, burst at a time with pause between bursts.
+type workload struct {
+	name                            string
+	parents, podsPer, finish, burst int
+	pause                           time.Duration
+}
+
+// finishAll creates the workload's parents and running pods (carrying the
 // finalizer when parent keeps totals, as the webhook gives it), starts the
 // aggregator with parent and waits until it wrote every count, then
-// finishes every pod, burst at a time with pause between bursts, and waits
-// until the status is settled: the counts (and totals) right, no ledger, no
-// finalizer left. It returns the requests the aggregator sent from the
-// first finished pod on.
-func finishAll(env *framework.Env, parent config.Parent, nParents, podsPer, burst int, pause time.Duration) (*writes, time.Duration, int, error) {
+// finishes the workload's pods and waits until the status is settled: the
+// counts (and totals) right, no ledger, no finalizer left on a finished pod.
+// It returns the requests the aggregator sent from the first finished pod
+// on.
+func finishAll(env *framework.Env, parent config.Parent, wl workload) (*writes, time.Duration, error) {
+	nParents, podsPer := wl.parents, wl.podsPer
 	ctx := context.Background()
 	c := env.Client
 	ns, err := env.Namespace(ctx, "totals")
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, 0, err
 	}
 	var pods []*corev1.Pod
 	var creates []func() error
 	uids := map[string]types.UID{}
+	poolOf := map[string]int{} // the index of each parent's first pod
 	for i := range nParents {
 		name := fmt.Sprintf("pool-%03d", i)
+		poolOf[name] = len(pods)
 		pool := builder.WorkerPool(ns, name, int64(podsPer))
 		if err := c.Create(ctx, pool); err != nil {
-			return nil, 0, 0, err
+			return nil, 0, err
 		}
 		uids[name] = pool.GetUID()
 		for j := range podsPer {
-			b := builder.Pod(ns, fmt.Sprintf("%s-%03d", name, j)).ControlledBy(builder.WorkerPoolGVK, name, pool.GetUID()).
+			b := builder.Pod(ns, fmt.Sprintf("%s-%04d", name, j)).ControlledBy(builder.WorkerPoolGVK, name, pool.GetUID()).
 				Label(keys.ParentUID, string(pool.GetUID())).Phase(corev1.PodRunning)
 			if parent.Tracked() {
 				b = b.Finalizer(keys.TrackingFinalizer)
@@ -148,17 +177,25 @@ func finishAll(env *framework.Env, parent config.Parent, nParents, podsPer, burs
 		}
 	}
 	if err := parallel(16, creates); err != nil {
-		return nil, 0, 0, err
+		return nil, 0, err
 	}
 
 	cfg, w := writesConfig(env.Config)
+	sweeps := counter("tally_aggregator_backfill_sweeps_total")
 	aggCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
 		done <- app.Run(aggCtx, &config.Config{Parents: []config.Parent{parent}}, cfg,
 			app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4, BackfillInterval: time.Hour, QPS: 50, Burst: 100})
 	}()
-	defer func() { stop(); <-done }()
+	defer func() {
+		stop()
+		<-done
+		// The next run's aggregator would reconcile these parents too.
+		for name := range uids {
+			_ = c.Delete(ctx, builder.WorkerPool(ns, name, 0))
+		}
+	}()
 	settled := func(want func(u *unstructured.Unstructured) bool) error {
 		deadline := time.Now().Add(5 * time.Minute)
 		for name := range uids {
@@ -179,16 +216,19 @@ func finishAll(env *framework.Env, parent config.Parent, nParents, podsPer, burs
 		return nil
 	}
 	if err := settled(func(u *unstructured.Unstructured) bool { return field(u, "active") == int64(podsPer) }); err != nil {
-		return nil, 0, 0, err
+		return nil, 0, err
 	}
-	w.podPatches.Store(0)
-	w.statusApplies.Store(0)
-	w.podLists.Store(0)
+	// The start-up sweep (which completes the pods' tally metadata) is not
+	// part of what is measured.
+	for counter("tally_aggregator_backfill_sweeps_total") <= sweeps {
+		time.Sleep(50 * time.Millisecond)
+	}
+	w.reset()
 
 	start := time.Now()
-	for i := 0; i < len(pods); i += burst {
+	for i := 0; i < wl.finish; i += wl.burst {
 		var jobs []func() error
-		for k, pod := range pods[i:min(i+burst, len(pods))] {
+		for k, pod := range pods[i:min(i+wl.burst, wl.finish)] {
 			jobs = append(jobs, func() error {
 				if (i+k)%2 == 0 {
 					return c.Delete(ctx, pod.DeepCopy())
@@ -199,13 +239,25 @@ func finishAll(env *framework.Env, parent config.Parent, nParents, podsPer, burs
 			})
 		}
 		if err := parallel(16, jobs); err != nil {
-			return nil, 0, 0, err
+			return nil, 0, err
 		}
-		time.Sleep(pause)
+		time.Sleep(wl.pause)
 	}
-	half := int64(podsPer / 2)
+	// Of each parent's finished pods, those at even indexes were deleted,
+	// the others failed.
+	finished := func(name string) (deleted, failed int64) {
+		for i := poolOf[name]; i < poolOf[name]+podsPer && i < wl.finish; i++ {
+			if i%2 == 0 {
+				deleted++
+			} else {
+				failed++
+			}
+		}
+		return deleted, failed
+	}
 	err = settled(func(u *unstructured.Unstructured) bool {
-		if field(u, "active") != 0 || field(u, "unexpected") != int64(podsPer)-half {
+		deleted, failed := finished(u.GetName())
+		if field(u, "active") != int64(podsPer)-deleted-failed || field(u, "unexpected") != failed {
 			return false
 		}
 		if !parent.Tracked() {
@@ -217,23 +269,23 @@ func finishAll(env *framework.Env, parent config.Parent, nParents, podsPer, burs
 				return false
 			}
 		}
-		return field(u, "unexpectedTotal") == int64(podsPer)
+		return field(u, "unexpectedTotal") == deleted+failed
 	})
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, 0, err
 	}
 	if parent.Tracked() {
 		var list corev1.PodList
 		if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
-			return nil, 0, 0, err
+			return nil, 0, err
 		}
 		for _, p := range list.Items {
 			for _, f := range p.Finalizers {
-				if f == keys.TrackingFinalizer {
-					return nil, 0, 0, fmt.Errorf("pod %s kept the finalizer", p.Name)
+				if f == keys.TrackingFinalizer && p.Status.Phase == corev1.PodFailed {
+					return nil, 0, fmt.Errorf("pod %s kept the finalizer", p.Name)
 				}
 			}
 		}
 	}
-	return w, time.Since(start), len(pods), nil
+	return w, time.Since(start), nil
 }
