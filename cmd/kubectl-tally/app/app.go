@@ -17,6 +17,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/pkg/config"
@@ -105,6 +106,15 @@ func (o *options) clients() (kubernetes.Interface, dynamic.Interface, error) {
 	}
 	dyn, err := dynamic.NewForConfig(cfg)
 	return cs, dyn, err
+}
+
+// metadataClient returns a client that reads objects' metadata only.
+func (o *options) metadataClient() (metadata.Interface, error) {
+	cfg, err := o.flags.ToRESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	return metadata.NewForConfig(cfg)
 }
 
 // configMapName is the chart's ConfigMap holding config.yaml.

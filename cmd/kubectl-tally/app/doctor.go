@@ -60,6 +60,10 @@ const leaseStale = 30 * time.Second
 // or a burst held back by the client's QPS takes well under a minute).
 const trackingStuck = 2 * time.Minute
 
+// maxStatusReads bounds the terminal pods carrying the tracking finalizer
+// whose status doctor reads to learn when they finished.
+const maxStatusReads = 200
+
 func newDoctorCommand(o *options) *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
@@ -474,18 +478,54 @@ func declared(crd *unstructured.Unstructured, version string, path []string) boo
 func (d *doctor) checkTracking(ctx context.Context) Check {
 	const name = "tracking finalizers"
 	now := time.Now()
-	var carrying int
+	var carrying, read, unread int
 	var stuck, namespaces []string
-	err := eachTracked(ctx, d.cs, metav1.NamespaceAll, func(pod *corev1.Pod) error {
-		carrying++
-		if at, ok := finishedAt(pod); ok && now.Sub(at) > trackingStuck {
-			stuck = append(stuck, fmt.Sprintf("%s/%s (%v)", pod.Namespace, pod.Name, now.Sub(at).Round(time.Second)))
-			if !slices.Contains(namespaces, pod.Namespace) {
-				namespaces = append(namespaces, pod.Namespace)
+	report := func(namespace, name string, at time.Time) {
+		if now.Sub(at) > trackingStuck {
+			stuck = append(stuck, fmt.Sprintf("%s/%s (%v)", namespace, name, now.Sub(at).Round(time.Second)))
+			if !slices.Contains(namespaces, namespace) {
+				namespaces = append(namespaces, namespace)
 			}
+		}
+	}
+	md, err := d.metadataClient()
+	if err != nil {
+		return fail(name, "", "%v", err)
+	}
+	// Pods being deleted, from their metadata.
+	err = eachTracked(ctx, md, metav1.NamespaceAll, "", func(pod *metav1.PartialObjectMetadata) error {
+		carrying++
+		if pod.DeletionTimestamp != nil {
+			grace := time.Duration(ptr.Deref(pod.DeletionGracePeriodSeconds, 0)) * time.Second
+			report(pod.Namespace, pod.Name, pod.DeletionTimestamp.Add(-grace))
 		}
 		return nil
 	})
+	// Terminal pods, found by phase; when they finished is in their status,
+	// read for at most maxStatusReads of them.
+	for _, phase := range []corev1.PodPhase{corev1.PodSucceeded, corev1.PodFailed} {
+		if err != nil {
+			break
+		}
+		err = eachTracked(ctx, md, metav1.NamespaceAll, "status.phase="+string(phase), func(meta *metav1.PartialObjectMetadata) error {
+			if meta.DeletionTimestamp != nil {
+				return nil
+			}
+			if read >= maxStatusReads {
+				unread++
+				return nil
+			}
+			read++
+			pod, err := d.cs.CoreV1().Pods(meta.Namespace).Get(ctx, meta.Name, metav1.GetOptions{})
+			if err != nil {
+				return nil // gone since, or not readable: not known to be stuck
+			}
+			if at, ok := finishedAt(pod); ok && slices.Contains(pod.Finalizers, keys.TrackingFinalizer) {
+				report(pod.Namespace, pod.Name, at)
+			}
+			return nil
+		})
+	}
 	if apierrors.IsForbidden(err) {
 		return skip(name, "this user may not list the pods of every namespace")
 	}
@@ -510,6 +550,9 @@ func (d *doctor) checkTracking(ctx context.Context) Check {
 		}
 		fix := fmt.Sprintf("the aggregator releases a finished pod once it has recorded it: read its logs (kubectl -n %s logs -l app.kubernetes.io/component=aggregator); "+
 			"for pods of no tracked parent, or after uninstalling: kubectl tally finalizers remove -n NAMESPACE (%s)", d.tallyNamespace, strings.Join(namespaces, ", "))
+		if unread > 0 {
+			more += fmt.Sprintf(" (%d more finished pods carry it; when they finished was not read)", unread)
+		}
 		return fail(name, fix, "%d finished pod(s) still carry %s more than %v after they finished (their deletion waits on it): %s%s",
 			len(stuck), keys.TrackingFinalizer, trackingStuck, strings.Join(shown, ", "), more)
 	}

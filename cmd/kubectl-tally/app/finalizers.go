@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/keys"
@@ -142,7 +143,11 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, s
 			o.tallyNamespace, o.configMapName())
 	}
 	var found, removed int
-	err = eachTracked(ctx, cs, ns, func(pod *corev1.Pod) error {
+	md, err := o.metadataClient()
+	if err != nil {
+		return err
+	}
+	err = eachTracked(ctx, md, ns, "", func(pod *metav1.PartialObjectMetadata) error {
 		found++
 		if dryRun {
 			fmt.Fprintf(o.streams.Out, "pod/%s -n %s carries %s\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
@@ -168,11 +173,14 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, s
 }
 
 // eachTracked calls fn for each pod of namespace ns (every namespace when
-// empty) that carries the tracking finalizer, listing 500 pods at a time.
-func eachTracked(ctx context.Context, cs kubernetes.Interface, ns string, fn func(*corev1.Pod) error) error {
-	opts := metav1.ListOptions{Limit: 500}
+// empty) that carries the tracking finalizer and matches fieldSelector. It
+// lists metadata only, 500 pods at a time: what it holds at once does not
+// grow with the cluster.
+func eachTracked(ctx context.Context, md metadata.Interface, ns, fieldSelector string, fn func(*metav1.PartialObjectMetadata) error) error {
+	opts := metav1.ListOptions{Limit: 500, FieldSelector: fieldSelector}
+	pods := md.Resource(corev1.SchemeGroupVersion.WithResource("pods")).Namespace(ns)
 	for {
-		list, err := cs.CoreV1().Pods(ns).List(ctx, opts)
+		list, err := pods.List(ctx, opts)
 		if err != nil {
 			return fmt.Errorf("listing pods: %w", err)
 		}
