@@ -127,7 +127,7 @@ func (b *Backfill) Start(ctx context.Context) error {
 // keys.ParentUID label and every cached pod whose tally metadata those
 // rules would change, in the namespaces Namespaces selects. It lists pods a
 // page at a time, metadata only: once to read them (Unstamped holds those
-// it will stamp), once to stamp them. Pods that cannot be stamped are
+// it will stamp), and, when any needs a patch, again to stamp them. Pods that cannot be stamped are
 // logged, counted in tally_aggregator_unstamped_pods and tried again by
 // the next sweep. It returns how many pods it patched, and an error when it
 // could not go through every pod.
@@ -167,7 +167,7 @@ func (s *sweep) run(ctx context.Context, read func()) error {
 	if s.inScope, err = s.scope(ctx); err != nil {
 		return err
 	}
-	found, err := s.read(ctx)
+	found, patches, err := s.read(ctx)
 	if err != nil {
 		return err
 	}
@@ -176,26 +176,9 @@ func (s *sweep) run(ctx context.Context, read func()) error {
 		read()
 	}
 
-	listed := map[string]bool{}
-	err = eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
-		key := pod.Namespace + "/" + pod.Name
-		listed[key] = true
-		if !s.inScope(pod.Namespace) {
-			return nil
-		}
-		s.stamp(ctx, pod, key)
-		return ctx.Err()
-	})
-	if err != nil {
-		return err
-	}
-	// Pods read but no longer unlabelled: stamped by someone else (the cache
-	// shows them soon) or gone.
-	for _, key := range s.Unstamped.Keys() {
-		if !listed[key] {
-			if _, exists, err := s.pods.GetByKey(key); err == nil && !exists {
-				s.Unstamped.Forget(key, true)
-			}
+	if patches {
+		if err := s.stampUnlabelled(ctx); err != nil {
+			return err
 		}
 	}
 
@@ -223,6 +206,33 @@ func (s *sweep) run(ctx context.Context, read func()) error {
 	return ctx.Err()
 }
 
+// stampUnlabelled lists the unlabelled pods again and stamps those in scope,
+// each decided again on what it is now; then it forgets the pods read that
+// are no longer unlabelled and not cached: gone (or stamped by someone
+// else, which the cache shows soon).
+func (s *sweep) stampUnlabelled(ctx context.Context) error {
+	listed := map[string]bool{}
+	err := eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
+		key := pod.Namespace + "/" + pod.Name
+		listed[key] = true
+		if s.inScope(pod.Namespace) {
+			s.stamp(ctx, pod, key)
+		}
+		return ctx.Err()
+	})
+	if err != nil {
+		return err
+	}
+	for _, key := range s.Unstamped.Keys() {
+		if !listed[key] {
+			if _, exists, err := s.pods.GetByKey(key); err == nil && !exists {
+				s.Unstamped.Forget(key, true)
+			}
+		}
+	}
+	return nil
+}
+
 // scope returns whether the pods of a namespace are to be stamped, from the
 // namespaces the API server lists now.
 func (s *sweep) scope(ctx context.Context) (func(string) bool, error) {
@@ -248,28 +258,21 @@ func (s *sweep) scope(ctx context.Context) (func(string) bool, error) {
 
 // read returns, by pod key, the unlabelled pods in scope that the webhook's
 // rules stamp, as Unstamped holds them: reduced as the cache reduces pods,
-// under the parent their stamp names. A pod's phase is not in its metadata:
-// the terminal pods are found by listing each terminal phase.
-func (s *sweep) read(ctx context.Context) (map[string]*Pod, error) {
-	terminal := map[types.UID]corev1.PodPhase{}
-	for _, phase := range []corev1.PodPhase{corev1.PodSucceeded, corev1.PodFailed} {
-		err := eachUnlabelled(ctx, s.reader, "status.phase="+string(phase), func(pod *metav1.PartialObjectMetadata) error {
-			if metav1.GetControllerOfNoCopy(pod) != nil && s.inScope(pod.Namespace) {
-				terminal[pod.UID] = phase
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, err
-		}
-	}
+// under the parent their stamp names; and whether any unlabelled pod in
+// scope needs a patch at all. A pod's phase is not in its metadata: when
+// there are pods to hold, the terminal ones are found by listing each
+// terminal phase.
+func (s *sweep) read(ctx context.Context) (map[string]*Pod, bool, error) {
 	found := map[string]*Pod{}
+	patches := false
 	err := eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
 		if !s.inScope(pod.Namespace) {
 			return nil
 		}
+		s.seen++
 		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
 		d := s.rules.Decide(ctx, mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, Now: time.Now()})
+		patches = patches || len(d.Patch) > 0 || len(s.untrack(pod)) > 0 || d.Denied != "" || d.Unavailable != ""
 		if d.Denied != "" || d.Unavailable != "" || d.Parent.UID == "" {
 			return nil
 		}
@@ -278,13 +281,26 @@ func (s *sweep) read(ctx context.Context) (map[string]*Pod, error) {
 			Meta:       Meta{Name: pod.Name, Namespace: intern(pod.Namespace), UID: pod.UID, DeletionTimestamp: pod.DeletionTimestamp},
 			ParentUID:  parent,
 			Controller: Controller{Kind: d.Parent.GroupKind, Name: intern(d.Parent.Name), UID: parent},
-			Phase:      terminal[pod.UID],
 		}
 		_, p.Intent = pod.Annotations[keys.CompletionIntent]
 		found[pod.Namespace+"/"+pod.Name] = p
 		return ctx.Err()
 	})
-	return found, err
+	if err != nil || len(found) == 0 {
+		return found, patches, err
+	}
+	for _, phase := range []corev1.PodPhase{corev1.PodSucceeded, corev1.PodFailed} {
+		err := eachUnlabelled(ctx, s.reader, "status.phase="+string(phase), func(pod *metav1.PartialObjectMetadata) error {
+			if p, ok := found[pod.Namespace+"/"+pod.Name]; ok && p.UID == pod.UID {
+				p.Phase = phase
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	return found, patches, nil
 }
 
 // eachUnlabelled calls fn for each pod without the keys.ParentUID label
@@ -320,7 +336,9 @@ func eachUnlabelled(ctx context.Context, reader client.Reader, fieldSelector str
 // it, reading it again when it changed in between. key, when set, is the
 // pod's entry in Unstamped: forgotten when the pod is gone.
 func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata, key string) {
-	s.seen++
+	if key == "" {
+		s.seen++ // a cached pod; the unlabelled ones were seen by read
+	}
 	for attempt := 1; ; attempt++ {
 		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
 		d := s.rules.Decide(ctx, mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, Now: time.Now()})

@@ -319,3 +319,19 @@ func TestBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestReleasesOutliveAStaleParent: a released pod is remembered while
+// either ledger holds it, so that a reconcile reading a parent one write
+// behind (the fold not yet cached) neither reads nor lists it.
+func TestReleasesOutliveAStaleParent(t *testing.T) {
+	r := newReleases()
+	r.add("parent", "p")
+	folded := &Book{UnexpectedTotal: 1}
+	stale := &Book{Unexpected: []types.UID{"p"}}
+	r.settle("parent", nil, stale, folded)
+	assert.True(t, r.of("parent")["p"], "the cached parent still shows it in its ledger")
+	r.settle("parent", nil, &Book{Unexpected: []types.UID{"p"}, UnexpectedTotal: 0}, &Book{Unexpected: []types.UID{"p"}})
+	assert.True(t, r.of("parent")["p"], "just recorded and released")
+	r.settle("parent", nil, folded, folded)
+	assert.False(t, r.of("parent")["p"], "folded, and the cache shows it")
+}

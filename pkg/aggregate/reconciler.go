@@ -191,7 +191,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return result, err
 		}
 	}
-	r.releases.settle(parent.GetUID(), pods, &step.Book)
+	r.releases.settle(parent.GetUID(), pods, &book, &step.Book)
 	if !r.mayWrite() {
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}

@@ -233,10 +233,14 @@ func (r *releases) of(parent types.UID) map[types.UID]bool {
 	return out
 }
 
-// settle forgets the parent's released pods that the ledger no longer holds
-// and that the cache shows without the finalizer (or not at all), and, at
-// most once a minute, every entry older than releaseExpiry.
-func (r *releases) settle(parent types.UID, pods []*Pod, book *Book) {
+// settle forgets the parent's released pods that neither ledger holds (the
+// one the cached parent shows, read, and the one just written) and that the
+// cache shows without the finalizer (or not at all), and, at most once a
+// minute, every entry older than releaseExpiry. A parent cache one write
+// behind still shows a pod folded just now: it is remembered until the
+// cache has caught up, so that it is not read (or listed, once deleted) for
+// nothing.
+func (r *releases) settle(parent types.UID, pods []*Pod, read, written *Book) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if m := r.byParent[parent]; m != nil {
@@ -245,7 +249,7 @@ func (r *releases) settle(parent types.UID, pods []*Pod, book *Book) {
 			cached[p.UID] = p
 		}
 		for uid := range m {
-			if p, ok := cached[uid]; !book.Has(uid) && (!ok || !p.Tracking) {
+			if p, ok := cached[uid]; !read.Has(uid) && !written.Has(uid) && (!ok || !p.Tracking) {
 				delete(m, uid)
 			}
 		}
