@@ -328,10 +328,35 @@ func TestReleasesOutliveAStaleParent(t *testing.T) {
 	r.add("parent", "p")
 	folded := &Book{UnexpectedTotal: 1}
 	stale := &Book{Unexpected: []types.UID{"p"}}
+	remembered := func() bool { _, ok := r.of("parent")["p"]; return ok }
 	r.settle("parent", nil, stale, folded)
-	assert.True(t, r.of("parent")["p"], "the cached parent still shows it in its ledger")
+	assert.True(t, remembered(), "the cached parent still shows it in its ledger")
 	r.settle("parent", nil, &Book{Unexpected: []types.UID{"p"}, UnexpectedTotal: 0}, &Book{Unexpected: []types.UID{"p"}})
-	assert.True(t, r.of("parent")["p"], "just recorded and released")
+	assert.True(t, remembered(), "just recorded and released")
 	r.settle("parent", nil, folded, folded)
-	assert.False(t, r.of("parent")["p"], "folded, and the cache shows it")
+	assert.False(t, remembered(), "folded, and the cache shows it")
+}
+
+func TestFoldWait(t *testing.T) {
+	now := time.Now()
+	ledger := Book{Unexpected: []types.UID{"a", "b"}}
+	folded := Step{Book: Book{Unexpected: []types.UID{"b"}, UnexpectedTotal: 1}}
+	tests := []struct {
+		name     string
+		step     Step
+		released map[types.UID]time.Time
+		want     time.Duration
+	}{
+		{"a fold of a pod released just now waits", folded, map[types.UID]time.Time{"a": now.Add(-200 * time.Millisecond)}, 800 * time.Millisecond},
+		{"a fold of a pod released long enough ago is due", folded, map[types.UID]time.Time{"a": now.Add(-2 * time.Second)}, 0},
+		{"a fold from the API server's word is written now", folded, nil, 0},
+		{"a record is written now, folds and all", Step{Book: Book{Unexpected: []types.UID{"b", "c"}, UnexpectedTotal: 1}}, map[types.UID]time.Time{"a": now}, 0},
+		{"a step that releases is written now", Step{Book: folded.Book, Release: []*Pod{{}}}, map[types.UID]time.Time{"a": now}, 0},
+		{"nothing to write", Step{Book: ledger}, nil, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, foldWait(&ledger, &tc.step, tc.released, now))
+		})
+	}
 }

@@ -222,13 +222,13 @@ func (r *releases) add(parent, pod types.UID) {
 	m[pod] = time.Now()
 }
 
-// of returns the parent's released pods, as a set.
-func (r *releases) of(parent types.UID) map[types.UID]bool {
+// of returns the parent's released pods, with when each was released.
+func (r *releases) of(parent types.UID) map[types.UID]time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[types.UID]bool, len(r.byParent[parent]))
-	for uid := range r.byParent[parent] {
-		out[uid] = true
+	out := make(map[types.UID]time.Time, len(r.byParent[parent]))
+	for uid, at := range r.byParent[parent] {
+		out[uid] = at
 	}
 	return out
 }

@@ -81,6 +81,7 @@ func main() {
 	total := flag.Int("total", 10_000, "sweep: pods in the cluster")
 	tracked := flag.Int("tracked", 1_000, "sweep: pods of a tracked kind among them, unlabelled")
 	bigParent := flag.Int("big-parent", 5_000, "totals: pods of the big parent")
+	countsOnly := flag.Bool("counts-only", false, "install: stop once every parent is right, without waiting for the stamps")
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	err := withControlPlane(func(env *framework.Env) error {
@@ -94,7 +95,7 @@ func main() {
 		case "scale":
 			return runScale(env, *namespaces, *parentsPerNS, *podsPer)
 		case "install":
-			return runInstall(env, *namespaces, *parentsPerNS, *podsPer)
+			return runInstall(env, *namespaces, *parentsPerNS, *podsPer, *countsOnly)
 		case "totals":
 			return runTotals(env, 20, 50, 100, *bigParent)
 		}
