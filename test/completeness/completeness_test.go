@@ -54,14 +54,7 @@ func TestInstallIntoRunningCluster(t *testing.T) {
 		converges(t, ns, name, uids[name], 60*time.Second)
 	}
 	stamps(t, ns)
-	for _, name := range names {
-		want := truth(t, ns, uids[name])
-		got := written.of(name)
-		require.NotEmpty(t, got, name)
-		for i, g := range got {
-			assert.Equal(t, want, g, "status write %d of %s", i, name)
-		}
-	}
+	written.allTrue(t, ns, uids)
 }
 
 // TestCountsBeforeStamps: 2 parents with 300 unstamped pods each (running,
@@ -103,23 +96,14 @@ func TestCountsBeforeStamps(t *testing.T) {
 		converges(t, ns, name, uids[name], 60*time.Second)
 	}
 	assert.Greater(t, len(unstamped(t, ns)), 300, "the counts are right before most stamps are written")
-	for _, name := range names {
-		want := truth(t, ns, uids[name])
-		got := written.of(name)
-		require.NotEmpty(t, got, name)
-		for i, g := range got {
-			assert.Equal(t, want, g, "status write %d of %s", i, name)
-		}
-	}
+	written.allTrue(t, ns, uids)
 	// The stamps keep coming, and the counts stay right as they land.
 	before := len(unstamped(t, ns))
 	require.Eventually(t, func() bool { return len(unstamped(t, ns)) < before-20 }, 30*time.Second, 500*time.Millisecond)
 	for _, name := range names {
 		converges(t, ns, name, uids[name], 10*time.Second)
-		for i, g := range written.of(name) {
-			assert.Equal(t, truth(t, ns, uids[name]), g, "status write %d of %s", i, name)
-		}
 	}
+	written.allTrue(t, ns, uids)
 }
 
 // TestSweepFollowsTheNamespaceSelector: the sweep stamps the pods of the

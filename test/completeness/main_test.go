@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -303,6 +304,20 @@ func record(t *testing.T, ns string) *recorder {
 		}
 	}()
 	return r
+}
+
+// allTrue checks that each parent in uids (by name) was written at least
+// once, and that every value written is its true count now.
+func (r *recorder) allTrue(t *testing.T, ns string, uids map[string]types.UID) {
+	t.Helper()
+	for name, uid := range uids {
+		want := truth(t, ns, uid)
+		got := r.of(name)
+		require.NotEmpty(t, got, name)
+		for i, g := range got {
+			assert.Equal(t, want, g, "status write %d of %s", i, name)
+		}
+	}
 }
 
 func (r *recorder) of(name string) []map[config.Count]int64 {
