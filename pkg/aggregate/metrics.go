@@ -47,6 +47,10 @@ var (
 		Name: "tally_aggregator_unstamped_pods",
 		Help: "Pods of a tracked kind that the last complete backfill sweep could not stamp (owner not verified, API error); they are not counted.",
 	})
+	pendingStamps = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tally_aggregator_pending_stamps",
+		Help: "Pods a backfill sweep read and will stamp, counted from what it read until the pod cache shows them stamped.",
+	})
 	backfillSweeps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_backfill_sweeps_total",
 		Help: "Backfill sweeps, by result (complete, failed).",
@@ -84,7 +88,7 @@ var changes = newPending()
 
 func init() {
 	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, appliesFenced, kindProblems,
-		podsStamped, unstampedPods, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, ledgerLiveLists, ledgerLiveReads,
+		podsStamped, unstampedPods, pendingStamps, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, ledgerLiveLists, ledgerLiveReads,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",
 			Help: "Age of the oldest change to a parent or its pods that no reconcile has picked up yet; 0 when there is none.",

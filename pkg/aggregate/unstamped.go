@@ -50,6 +50,7 @@ func (u *Unstamped) replace(pods map[string]*Pod) {
 	u.mu.Lock()
 	old := u.byParent
 	u.byKey, u.byParent = pods, byParent
+	pendingStamps.Set(float64(len(pods)))
 	notify := u.notify
 	u.mu.Unlock()
 	if notify == nil {
@@ -86,6 +87,7 @@ func (u *Unstamped) drop(key string) *Pod {
 		return nil
 	}
 	delete(u.byKey, key)
+	pendingStamps.Set(float64(len(u.byKey)))
 	if m := u.byParent[p.ParentUID]; m != nil {
 		delete(m, key)
 		if len(m) == 0 {
@@ -124,13 +126,6 @@ func (u *Unstamped) Keys() []string {
 		out = append(out, key)
 	}
 	return out
-}
-
-// Len returns how many pods are held.
-func (u *Unstamped) Len() int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return len(u.byKey)
 }
 
 // EventHandler returns the pod informer's handler that forgets each pod
