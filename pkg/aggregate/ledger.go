@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -291,4 +292,50 @@ func toInt64(v any) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// PodBatch bounds the pods one reconcile reads from the API server, and the
+// finalizer patches it sends: the rest wait for the next reconcile of the
+// parent, which follows at once.
+const PodBatch = 100
+
+// batch returns the pods to track and to release in one reconcile, at most
+// PodBatch in all, releases first: they record the finish of pods.
+func batch(track, release []*Pod) ([]*Pod, []*Pod) {
+	release = release[:min(len(release), PodBatch)]
+	return track[:min(len(track), PodBatch-len(release))], release
+}
+
+// FoldDelay is how long the fold of pods this process just released may
+// wait for a record to ride with: pods finishing one at a time then cost
+// one ledger write each (the next pod's record carries the last one's
+// fold) instead of two. The totals show a finished pod at most this late.
+const FoldDelay = time.Second
+
+// foldWait returns how long the step may wait before it is written: a step
+// that only folds pods this process released less than FoldDelay ago, and
+// does nothing else, waits for the next record or for the delay, whichever
+// comes first. Zero when it is to be written now.
+func foldWait(book *Book, step *Step, released map[types.UID]time.Time, now time.Time) time.Duration {
+	if step.Book.Equal(book) || len(step.Release) > 0 || len(step.Track) > 0 || !step.Settled() || book.size() >= MaxLedger/2 {
+		return 0
+	}
+	for _, uid := range slices.Concat(step.Book.Completed, step.Book.Unexpected) {
+		if !book.Has(uid) {
+			return 0 // a record: written now, with the folds
+		}
+	}
+	wait := FoldDelay
+	for _, uid := range slices.Concat(book.Completed, book.Unexpected) {
+		if step.Book.Has(uid) {
+			continue
+		}
+		at, ok := released[uid]
+		if !ok {
+			return 0 // folded from the API server's word: no release to pair with
+		}
+		// The first released is due first.
+		wait = min(wait, FoldDelay-now.Sub(at))
+	}
+	return max(wait, 0)
 }

@@ -2,15 +2,12 @@ package aggregate
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -19,11 +16,9 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"tally.dev/tally/pkg/config"
-	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/pkg/servable"
 )
 
@@ -102,11 +97,12 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	}
 }
 
-// Reconcile recomputes one parent's counts from the cached pods and applies
-// the mapped fields whose values differ from what the parent shows. For a
-// kind with totals it also takes a step of the ledger protocol (Advance):
-// the ledger and totals go in the same apply, then the finalizers of the
-// recorded pods are removed. Pods carrying the finalizer whose parent is
+// Reconcile recomputes one parent's counts from the cached pods (and the
+// pods a sweep read that await their stamps) and applies the mapped fields
+// whose values differ from what the parent shows. For a kind with totals it
+// then takes a step of the ledger protocol (Advance): the ledger and totals
+// go in one apply, then the finalizers of the recorded pods are removed, at
+// most PodBatch pod writes at a time. Pods carrying the finalizer whose parent is
 // gone, or whose kind keeps no totals, lose it.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if r.Backfilled(ctx) != nil {
@@ -144,25 +140,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.reportLedger(parent, err)
 		return reconcile.Result{}, fmt.Errorf("reading the ledger of %s %s: %w", r.kind, req.NamespacedName, err)
 	}
-	if !r.totalsServed(ctx) {
-		// The totals stay as they are (moved to their own manager if the
-		// counts' manager still holds them); Unrecorded releases the pods.
-		if r.countsOwnTotals(parent) {
-			if result, err := r.applyTotals(ctx, parent, &book, true); err != nil || result.RequeueAfter > 0 {
-				return result, err
-			}
-		}
-		if result, err := r.applyCounts(ctx, parent, counts, nil); err != nil || result.RequeueAfter > 0 {
-			return result, err
-		}
-		// Served again later (a CRD fixed, a schema published): track the
-		// running pods then.
-		after := servable.Interval
-		if p := r.Totals.Problem(r.gvk.GroupKind()); p != nil && p.Unknown {
-			after = servable.RetryUnknown
-		}
-		return reconcile.Result{RequeueAfter: after}, nil
-	}
 	// The counts first: they do not wait for the pods read below. The
 	// counts' apply leaves out the totals and the ledger, which would
 	// remove them while the counts' manager still owns them (an
@@ -174,6 +151,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	if result, err := r.applyCounts(ctx, parent, counts, nil); err != nil || result.RequeueAfter > 0 {
 		return result, err
+	}
+	if !r.totalsServed(ctx) {
+		// The totals stay as they are; Unrecorded releases the pods. Served
+		// again later (a CRD fixed, a schema published): track the running
+		// pods then.
+		after := servable.Interval
+		if p := r.Totals.Problem(r.gvk.GroupKind()); p != nil && p.Unknown {
+			after = servable.RetryUnknown
+		}
+		return reconcile.Result{RequeueAfter: after}, nil
 	}
 	released := r.releases.of(parent.GetUID())
 	has := func(uid types.UID) bool { _, ok := released[uid]; return ok }
@@ -217,18 +204,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, nil
 }
 
-// PodBatch bounds the pods one reconcile reads from the API server, and the
-// finalizer patches it sends: the rest wait for the next reconcile of the
-// parent, which follows at once.
-const PodBatch = 100
-
-// batch returns the pods to track and to release in one reconcile, at most
-// PodBatch in all, releases first: they record the finish of pods.
-func batch(track, release []*Pod) ([]*Pod, []*Pod) {
-	release = release[:min(len(release), PodBatch)]
-	return track[:min(len(track), PodBatch-len(release))], release
-}
-
 // totalsServed reports whether the API server serves the kind's totals, once
 // they were checked.
 func (r *Reconciler) totalsServed(ctx context.Context) bool {
@@ -241,40 +216,6 @@ func (r *Reconciler) totalsServed(ctx context.Context) bool {
 // foldRequeue is when a parent whose pods were just released is reconciled
 // again to fold them; their watch events usually bring it back sooner.
 const foldRequeue = 200 * time.Millisecond
-
-// FoldDelay is how long the fold of pods this process just released may
-// wait for a record to ride with: pods finishing one at a time then cost
-// one ledger write each (the next pod's record carries the last one's
-// fold) instead of two. The totals show a finished pod at most this late.
-const FoldDelay = time.Second
-
-// foldWait returns how long the step may wait before it is written: a step
-// that only folds pods this process released less than FoldDelay ago, and
-// does nothing else, waits for the next record or for the delay, whichever
-// comes first. Zero when it is to be written now.
-func foldWait(book *Book, step *Step, released map[types.UID]time.Time, now time.Time) time.Duration {
-	if step.Book.Equal(book) || len(step.Release) > 0 || len(step.Track) > 0 || !step.Settled() || book.size() >= MaxLedger/2 {
-		return 0
-	}
-	for _, uid := range slices.Concat(step.Book.Completed, step.Book.Unexpected) {
-		if !book.Has(uid) {
-			return 0 // a record: written now, with the folds
-		}
-	}
-	wait := FoldDelay
-	for _, uid := range slices.Concat(book.Completed, book.Unexpected) {
-		if step.Book.Has(uid) {
-			continue
-		}
-		at, ok := released[uid]
-		if !ok {
-			return 0 // folded from the API server's word: no release to pair with
-		}
-		// The first released is due first.
-		wait = min(wait, FoldDelay-now.Sub(at))
-	}
-	return max(wait, 0)
-}
 
 // untracked returns the pods that carry the tracking finalizer although
 // the kind keeps no totals.
@@ -310,231 +251,6 @@ func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, action strin
 }
 
 func (r *Reconciler) mayWrite() bool { return r.MayWrite == nil || r.MayWrite() }
-
-// applyCounts writes the counts when they differ from what the parent
-// shows, then removes the finalizer of the pods in orphaned.
-func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, orphaned []*Pod) (reconcile.Result, error) {
-	if !r.differs(parent, counts) {
-		r.skipped.Inc()
-	} else {
-		values := make(map[string]any, len(r.counts))
-		for _, f := range r.counts {
-			values[strings.Join(f.Path, ".")] = counts.Get(f.Count)
-		}
-		if result, err := r.apply(ctx, parent, values, FieldManager); err != nil || result.RequeueAfter > 0 {
-			return result, err
-		}
-	}
-	if len(orphaned) > 0 && r.mayWrite() {
-		return r.releaseBatch(ctx, orphaned, "orphaned")
-	}
-	return reconcile.Result{}, nil
-}
-
-// applyTotals writes the totals and the ledger of book under
-// TotalsFieldManager. present writes only those the parent shows already:
-// it moves them from the counts' manager, values unchanged, for a kind whose
-// totals cannot be written.
-func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstructured, book *Book, present bool) (reconcile.Result, error) {
-	values := make(map[string]any, len(r.totals)+1)
-	for _, f := range r.totals {
-		values[strings.Join(f.Path, ".")] = book.Get(f.Count)
-	}
-	// The whole ledger, changed or not: an apply that leaves out a field
-	// its manager owns removes it.
-	values[strings.Join(r.ledger, ".")] = book.LedgerValue()
-	if present {
-		for path := range values {
-			if _, found, _ := unstructured.NestedFieldNoCopy(parent.Object, strings.Split(path, ".")...); !found {
-				delete(values, path)
-			}
-		}
-		if len(values) == 0 {
-			return reconcile.Result{}, nil
-		}
-	}
-	return r.apply(ctx, parent, values, TotalsFieldManager)
-}
-
-// countsOwnTotals reports whether FieldManager owns the totals or the
-// ledger of parent: an installation of the layout that applied them with
-// the counts.
-func (r *Reconciler) countsOwnTotals(parent *unstructured.Unstructured) bool {
-	paths := [][]string{r.ledger}
-	for _, f := range r.totals {
-		paths = append(paths, f.Path)
-	}
-	for _, mf := range parent.GetManagedFields() {
-		if mf.Manager != FieldManager || mf.Subresource != "status" || mf.FieldsV1 == nil {
-			continue
-		}
-		var set map[string]any
-		if json.Unmarshal(mf.FieldsV1.GetRawBytes(), &set) != nil {
-			continue
-		}
-		for _, path := range paths {
-			if ownsPath(set, path) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// ownsPath reports whether a managed fields set (FieldsV1) holds path.
-func ownsPath(set map[string]any, path []string) bool {
-	for _, seg := range path {
-		next, ok := set["f:"+seg].(map[string]any)
-		if !ok {
-			return false
-		}
-		set = next
-	}
-	return true
-}
-
-// differs reports whether any mapped field of parent does not hold its
-// count.
-func (r *Reconciler) differs(parent *unstructured.Unstructured, counts Counts) bool {
-	for _, f := range r.counts {
-		v, found, err := unstructured.NestedFieldNoCopy(parent.Object, f.Path...)
-		if err != nil || !found || !equalCount(v, counts.Get(f.Count)) {
-			return true
-		}
-	}
-	return false
-}
-
-func equalCount(v any, want int64) bool {
-	switch n := v.(type) {
-	case int64:
-		return n == want
-	case int32:
-		return int64(n) == want
-	case int:
-		return int64(n) == want
-	case float64:
-		return n == float64(want)
-	}
-	return false
-}
-
-// conflictRequeue is when a parent whose apply met a newer version is
-// reconciled again; its watch event usually brings it back sooner.
-const conflictRequeue = time.Second
-
-// apply sends one server-side apply to the status subresource holding
-// exactly values (by dotted path) under manager, once this replica may
-// write. The resourceVersion of the parent the values were computed against
-// is a precondition: a parent deleted and created again under the same name
-// is never written with the old one's values, and a writer whose cache is
-// behind (a deposed leader) gets a conflict instead of overwriting newer
-// ones. (A UID in an apply is not a precondition: the API server ignores
-// it.) On success parent takes the new resourceVersion, so that a second
-// apply in the same reconcile holds the same precondition.
-func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, values map[string]any, manager string) (reconcile.Result, error) {
-	if !r.mayWrite() {
-		// A deposed leader that has not noticed yet: the new leader
-		// writes.
-		r.fenced.Inc()
-		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
-	}
-	key := client.ObjectKeyFromObject(parent)
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": r.gvk.GroupVersion().String(),
-		"kind":       r.gvk.Kind,
-		"metadata": map[string]any{
-			"name": parent.GetName(), "namespace": parent.GetNamespace(), "resourceVersion": parent.GetResourceVersion(),
-		},
-	}}
-	for path, v := range values {
-		if err := unstructured.SetNestedField(obj.Object, v, strings.Split(path, ".")...); err != nil {
-			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
-		}
-	}
-	err := r.Writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(manager), client.ForceOwnership)
-	switch {
-	case err == nil:
-		r.applied.Inc()
-		parent.SetResourceVersion(obj.GetResourceVersion())
-		// The schema declares every mapped field, and the status is served
-		// (again).
-		kindProblems.DeleteLabelValues(r.kind, "field-not-in-schema")
-		kindProblems.DeleteLabelValues(r.kind, "status-not-found")
-		if log := log.FromContext(ctx).V(1); log.Enabled() {
-			log.Info("Applied status", "manager", manager, "values", values)
-		}
-		return reconcile.Result{}, nil
-	case apierrors.IsConflict(err):
-		// The parent changed since the cache showed it: count again on the
-		// version the cache is about to receive.
-		r.conflicts.Inc()
-		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
-	case apierrors.IsNotFound(err):
-		return reconcile.Result{}, r.notFound(ctx, parent, err)
-	case strings.Contains(err.Error(), "field not declared in schema"):
-		// Retried with backoff: the CRD may be fixed at any time.
-		r.reportSchema(ctx, parent, manager, err)
-		return reconcile.Result{}, fmt.Errorf("applying status of %s %s: %w", r.kind, key, err)
-	}
-	r.failed.Inc()
-	return reconcile.Result{}, fmt.Errorf("applying status of %s %s: %w", r.kind, key, err)
-}
-
-// notFound handles a 404 answer to an apply: nothing to do when the parent
-// is really gone (its deletion reconciles nothing), an error when it exists
-// and its status cannot be reached (a version or a status subresource no
-// longer served).
-func (r *Reconciler) notFound(ctx context.Context, parent *unstructured.Unstructured, applyErr error) error {
-	key := client.ObjectKeyFromObject(parent)
-	live := mutate.PartialMetadata(r.gvk)
-	err := r.Live.Get(ctx, key, live)
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil
-	case err == nil && live.GetUID() != parent.GetUID():
-		// Replaced: the new parent's own events reconcile it.
-		return nil
-	}
-	r.failed.Inc()
-	kindProblems.WithLabelValues(r.kind, "status-not-found").Set(1)
-	if err != nil {
-		return fmt.Errorf("applying status of %s %s: %w (and reading it: %v)", r.kind, key, applyErr, err)
-	}
-	return fmt.Errorf("applying status of %s %s: the parent exists but its status is not served as %s: %w", r.kind, key, r.gvk.GroupVersion(), applyErr)
-}
-
-// reportSchema reports that the parent kind's schema does not declare a
-// mapped field, so the API server refuses to apply it. A refused apply of
-// the totals stops the kind's totals until the schema declares them: its
-// pods are released.
-func (r *Reconciler) reportSchema(_ context.Context, parent *unstructured.Unstructured, manager string, err error) {
-	r.failed.Inc()
-	kindProblems.WithLabelValues(r.kind, "field-not-in-schema").Set(1)
-	fields := r.counts
-	var paths []string
-	if manager == TotalsFieldManager {
-		fields = r.totals
-		paths = append(paths, strings.Join(r.ledger, ".")+" (an object with the lists completed and unexpected)")
-		if r.Totals != nil {
-			r.Totals.Report(r.gvk.GroupKind(), &servable.Problem{Name: "totals-not-in-schema", Err: err})
-		}
-	}
-	for _, f := range fields {
-		paths = append(paths, strings.Join(f.Path, "."))
-	}
-	r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "StatusFieldNotInSchema", "ApplyCounts",
-		"tally cannot write the counts: the schema of %s must declare %s (%v)", r.kind, strings.Join(paths, ", "), err)
-}
-
-// reportLedger reports a ledger or total that tally cannot read (edited by
-// hand, or declared with another type): nothing is written until it is
-// fixed, so that no total is lost or counted twice.
-func (r *Reconciler) reportLedger(parent *unstructured.Unstructured, err error) {
-	r.failed.Inc()
-	r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "LedgerUnreadable", "ApplyTotals",
-		"tally cannot update the totals: %v", err)
-}
 
 // parentOf maps a pod to the parent of this reconciler's kind that controls
 // it, and records the change as pending.

@@ -1,0 +1,244 @@
+package aggregate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/pkg/servable"
+)
+
+// applyCounts writes the counts when they differ from what the parent
+// shows, then removes the finalizer of the pods in orphaned.
+func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, orphaned []*Pod) (reconcile.Result, error) {
+	if !r.differs(parent, counts) {
+		r.skipped.Inc()
+	} else {
+		values := make(map[string]any, len(r.counts))
+		for _, f := range r.counts {
+			values[strings.Join(f.Path, ".")] = counts.Get(f.Count)
+		}
+		if result, err := r.apply(ctx, parent, values, FieldManager); err != nil || result.RequeueAfter > 0 {
+			return result, err
+		}
+	}
+	if len(orphaned) > 0 && r.mayWrite() {
+		return r.releaseBatch(ctx, orphaned, "orphaned")
+	}
+	return reconcile.Result{}, nil
+}
+
+// applyTotals writes the totals and the ledger of book under
+// TotalsFieldManager. present writes only those the parent shows already:
+// it moves them from the counts' manager, values unchanged, for a kind whose
+// totals cannot be written.
+func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstructured, book *Book, present bool) (reconcile.Result, error) {
+	values := make(map[string]any, len(r.totals)+1)
+	for _, f := range r.totals {
+		values[strings.Join(f.Path, ".")] = book.Get(f.Count)
+	}
+	// The whole ledger, changed or not: an apply that leaves out a field
+	// its manager owns removes it.
+	values[strings.Join(r.ledger, ".")] = book.LedgerValue()
+	if present {
+		for path := range values {
+			if _, found, _ := unstructured.NestedFieldNoCopy(parent.Object, strings.Split(path, ".")...); !found {
+				delete(values, path)
+			}
+		}
+		if len(values) == 0 {
+			return reconcile.Result{}, nil
+		}
+	}
+	return r.apply(ctx, parent, values, TotalsFieldManager)
+}
+
+// countsOwnTotals reports whether FieldManager owns the totals or the
+// ledger of parent: an installation of the layout that applied them with
+// the counts.
+func (r *Reconciler) countsOwnTotals(parent *unstructured.Unstructured) bool {
+	paths := [][]string{r.ledger}
+	for _, f := range r.totals {
+		paths = append(paths, f.Path)
+	}
+	for _, mf := range parent.GetManagedFields() {
+		if mf.Manager != FieldManager || mf.Subresource != "status" || mf.FieldsV1 == nil {
+			continue
+		}
+		var set map[string]any
+		if json.Unmarshal(mf.FieldsV1.GetRawBytes(), &set) != nil {
+			continue
+		}
+		for _, path := range paths {
+			if ownsPath(set, path) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ownsPath reports whether a managed fields set (FieldsV1) holds path.
+func ownsPath(set map[string]any, path []string) bool {
+	for _, seg := range path {
+		next, ok := set["f:"+seg].(map[string]any)
+		if !ok {
+			return false
+		}
+		set = next
+	}
+	return true
+}
+
+// differs reports whether any mapped field of parent does not hold its
+// count.
+func (r *Reconciler) differs(parent *unstructured.Unstructured, counts Counts) bool {
+	for _, f := range r.counts {
+		v, found, err := unstructured.NestedFieldNoCopy(parent.Object, f.Path...)
+		if err != nil || !found || !equalCount(v, counts.Get(f.Count)) {
+			return true
+		}
+	}
+	return false
+}
+
+func equalCount(v any, want int64) bool {
+	switch n := v.(type) {
+	case int64:
+		return n == want
+	case int32:
+		return int64(n) == want
+	case int:
+		return int64(n) == want
+	case float64:
+		return n == float64(want)
+	}
+	return false
+}
+
+// conflictRequeue is when a parent whose apply met a newer version is
+// reconciled again; its watch event usually brings it back sooner.
+const conflictRequeue = time.Second
+
+// apply sends one server-side apply to the status subresource holding
+// exactly values (by dotted path) under manager, once this replica may
+// write. The resourceVersion of the parent the values were computed against
+// is a precondition: a parent deleted and created again under the same name
+// is never written with the old one's values, and a writer whose cache is
+// behind (a deposed leader) gets a conflict instead of overwriting newer
+// ones. (A UID in an apply is not a precondition: the API server ignores
+// it.) On success parent takes the new resourceVersion, so that a second
+// apply in the same reconcile holds the same precondition.
+func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, values map[string]any, manager string) (reconcile.Result, error) {
+	if !r.mayWrite() {
+		// A deposed leader that has not noticed yet: the new leader
+		// writes.
+		r.fenced.Inc()
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	}
+	key := client.ObjectKeyFromObject(parent)
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": r.gvk.GroupVersion().String(),
+		"kind":       r.gvk.Kind,
+		"metadata": map[string]any{
+			"name": parent.GetName(), "namespace": parent.GetNamespace(), "resourceVersion": parent.GetResourceVersion(),
+		},
+	}}
+	for path, v := range values {
+		if err := unstructured.SetNestedField(obj.Object, v, strings.Split(path, ".")...); err != nil {
+			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
+		}
+	}
+	err := r.Writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(manager), client.ForceOwnership)
+	switch {
+	case err == nil:
+		r.applied.Inc()
+		parent.SetResourceVersion(obj.GetResourceVersion())
+		// The schema declares every mapped field, and the status is served
+		// (again).
+		kindProblems.DeleteLabelValues(r.kind, "field-not-in-schema")
+		kindProblems.DeleteLabelValues(r.kind, "status-not-found")
+		if log := log.FromContext(ctx).V(1); log.Enabled() {
+			log.Info("Applied status", "manager", manager, "values", values)
+		}
+		return reconcile.Result{}, nil
+	case apierrors.IsConflict(err):
+		// The parent changed since the cache showed it: count again on the
+		// version the cache is about to receive.
+		r.conflicts.Inc()
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	case apierrors.IsNotFound(err):
+		return reconcile.Result{}, r.notFound(ctx, parent, err)
+	case strings.Contains(err.Error(), "field not declared in schema"):
+		// Retried with backoff: the CRD may be fixed at any time.
+		r.reportSchema(ctx, parent, manager, err)
+		return reconcile.Result{}, fmt.Errorf("applying status of %s %s: %w", r.kind, key, err)
+	}
+	r.failed.Inc()
+	return reconcile.Result{}, fmt.Errorf("applying status of %s %s: %w", r.kind, key, err)
+}
+
+// notFound handles a 404 answer to an apply: nothing to do when the parent
+// is really gone (its deletion reconciles nothing), an error when it exists
+// and its status cannot be reached (a version or a status subresource no
+// longer served).
+func (r *Reconciler) notFound(ctx context.Context, parent *unstructured.Unstructured, applyErr error) error {
+	key := client.ObjectKeyFromObject(parent)
+	live := mutate.PartialMetadata(r.gvk)
+	err := r.Live.Get(ctx, key, live)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err == nil && live.GetUID() != parent.GetUID():
+		// Replaced: the new parent's own events reconcile it.
+		return nil
+	}
+	r.failed.Inc()
+	kindProblems.WithLabelValues(r.kind, "status-not-found").Set(1)
+	if err != nil {
+		return fmt.Errorf("applying status of %s %s: %w (and reading it: %v)", r.kind, key, applyErr, err)
+	}
+	return fmt.Errorf("applying status of %s %s: the parent exists but its status is not served as %s: %w", r.kind, key, r.gvk.GroupVersion(), applyErr)
+}
+
+// reportSchema reports that the parent kind's schema does not declare a
+// mapped field, so the API server refuses to apply it. A refused apply of
+// the totals stops the kind's totals until the schema declares them: its
+// pods are released.
+func (r *Reconciler) reportSchema(_ context.Context, parent *unstructured.Unstructured, manager string, err error) {
+	r.failed.Inc()
+	kindProblems.WithLabelValues(r.kind, "field-not-in-schema").Set(1)
+	fields := r.counts
+	var paths []string
+	if manager == TotalsFieldManager {
+		fields = r.totals
+		paths = append(paths, strings.Join(r.ledger, ".")+" (an object with the lists completed and unexpected)")
+		if r.Totals != nil {
+			r.Totals.Report(r.gvk.GroupKind(), &servable.Problem{Name: "totals-not-in-schema", Err: err})
+		}
+	}
+	for _, f := range fields {
+		paths = append(paths, strings.Join(f.Path, "."))
+	}
+	r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "StatusFieldNotInSchema", "ApplyCounts",
+		"tally cannot write the counts: the schema of %s must declare %s (%v)", r.kind, strings.Join(paths, ", "), err)
+}
+
+// reportLedger reports a ledger or total that tally cannot read (edited by
+// hand, or declared with another type): nothing is written until it is
+// fixed, so that no total is lost or counted twice.
+func (r *Reconciler) reportLedger(parent *unstructured.Unstructured, err error) {
+	r.failed.Inc()
+	r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "LedgerUnreadable", "ApplyTotals",
+		"tally cannot update the totals: %v", err)
+}
