@@ -102,7 +102,7 @@ func (b *Backfill) Start(ctx context.Context) error {
 		if _, err := b.sweep(ctx, read); err == nil {
 			break
 		} else if ctx.Err() == nil {
-			b.log.Error(err, "Start-up backfill sweep failed; it is retried", "retryIn", retry.String())
+			b.log.Error(err, "Start-up backfill sweep failed; no status is written until its read completes", "retryIn", retry.String())
 		}
 		if !sleep(ctx, retry) {
 			return nil
@@ -127,9 +127,9 @@ func (b *Backfill) Start(ctx context.Context) error {
 // keys.ParentUID label and every cached pod whose tally metadata those
 // rules would change, in the namespaces Namespaces selects. It lists pods a
 // page at a time, metadata only: once to read them (Unstamped holds those
-// it will stamp), and, when any needs a patch, again to stamp them. Pods that cannot be stamped are
-// logged, counted in tally_aggregator_unstamped_pods and tried again by
-// the next sweep. It returns how many pods it patched, and an error when it
+// it will stamp), and, when any needs a patch, again to stamp them. Pods
+// that cannot be stamped are logged, counted in
+// tally_aggregator_unstamped_pods and tried again by the next sweep. It returns how many pods it patched, and an error when it
 // could not go through every pod.
 func (b *Backfill) Sweep(ctx context.Context) (int, error) { return b.sweep(ctx, nil) }
 

@@ -309,7 +309,8 @@ func batch(track, release []*Pod) ([]*Pod, []*Pod) {
 // FoldDelay is how long the fold of pods this process just released may
 // wait for a record to ride with: pods finishing one at a time then cost
 // one ledger write each (the next pod's record carries the last one's
-// fold) instead of two. The totals show a finished pod at most this late.
+// fold) instead of two. The totals may show a finished pod up to about
+// this much later.
 const FoldDelay = time.Second
 
 // foldWait returns how long the step may wait before it is written: a step

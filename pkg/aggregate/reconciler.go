@@ -102,8 +102,8 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 // whose values differ from what the parent shows. For a kind with totals it
 // then takes a step of the ledger protocol (Advance): the ledger and totals
 // go in one apply, then the finalizers of the recorded pods are removed, at
-// most PodBatch pod writes at a time. Pods carrying the finalizer whose parent is
-// gone, or whose kind keeps no totals, lose it.
+// most PodBatch pod writes at a time. Pods carrying the finalizer whose
+// parent is gone, or whose kind keeps no totals, lose it.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if r.Backfilled(ctx) != nil {
 		// Shutting down before the start-up backfill completed.
@@ -123,14 +123,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if result, err := r.releaseOrphans(ctx, req.NamespacedName, parent.GetUID()); err != nil || result.RequeueAfter > 0 {
 		return result, err
 	}
-	all, err := PodsOf(r.Pods, parent.GetUID())
+	// With the pods a sweep read, counted before their stamps land; the
+	// ledger protocol sees only the cache's.
+	all, held, err := r.Unstamped.PodsOf(r.Pods, parent.GetUID())
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	pods := Members(parent.GetNamespace(), parent.GetUID(), all)
-	// The pods a sweep read, counted before their stamps land; the ledger
-	// protocol sees only stamped pods.
-	counts := Tally(parent.GetNamespace(), parent.GetUID(), append(r.Unstamped.Of(parent.GetUID(), r.Pods), pods...))
+	counts := Tally(parent.GetNamespace(), parent.GetUID(), append(held, pods...))
 	if r.ledger == nil {
 		return r.applyCounts(ctx, parent, counts, r.untracked(pods))
 	}
@@ -231,8 +231,8 @@ func (r *Reconciler) untracked(pods []*Pod) []*Pod {
 
 // releaseOrphans removes the tracking finalizer from the pods of a parent of
 // this kind named name that is gone (current is the UID of the parent that
-// exists under that name, "" when none). At most PodBatch are released at once; the parent is requeued for
-// the others.
+// exists under that name, "" when none). At most PodBatch are released at
+// once; the parent is requeued for the others.
 func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedName, current types.UID) (reconcile.Result, error) {
 	orphans, err := r.orphans(ctx, name, current)
 	if err != nil || len(orphans) == 0 || !r.mayWrite() {

@@ -113,17 +113,8 @@ func (r *Reconciler) differs(parent *unstructured.Unstructured, counts Counts) b
 }
 
 func equalCount(v any, want int64) bool {
-	switch n := v.(type) {
-	case int64:
-		return n == want
-	case int32:
-		return int64(n) == want
-	case int:
-		return int64(n) == want
-	case float64:
-		return n == float64(want)
-	}
-	return false
+	n, ok := toInt64(v)
+	return ok && n == want
 }
 
 // conflictRequeue is when a parent whose apply met a newer version is

@@ -97,10 +97,36 @@ func (u *Unstamped) drop(key string) *Pod {
 	return p
 }
 
-// Of returns the parent's pods that the cache (pods, the pod informer's
-// indexer) does not show yet, and forgets those it shows: the cache counts
-// them from then on.
-func (u *Unstamped) Of(parent types.UID, pods toolscache.Indexer) []*Pod {
+// PodsOf returns the pods the cache (pods, the pod informer's indexer)
+// files under parent, and the pods held for parent that those do not
+// include: each pod once, whether its stamp reached the cache or not.
+//
+// The held pods are taken first, forgetting those the cache shows (it
+// counts them from then on), and the cache's after: a pod the cache is
+// given in between is then in both, and counted from the cache. The other
+// order would lose it: not yet in the cache's pods, and forgotten (here or
+// by EventHandler) before the held ones are taken.
+func (u *Unstamped) PodsOf(pods toolscache.Indexer, parent types.UID) (cached, held []*Pod, err error) {
+	held = u.of(parent, pods)
+	if cached, err = PodsOf(pods, parent); err != nil || len(held) == 0 {
+		return cached, nil, err
+	}
+	keys := make(map[string]bool, len(cached))
+	for _, p := range cached {
+		keys[p.Namespace+"/"+p.Name] = true
+	}
+	out := held[:0]
+	for _, p := range held {
+		if !keys[p.Namespace+"/"+p.Name] {
+			out = append(out, p)
+		}
+	}
+	return cached, out, nil
+}
+
+// of returns the parent's held pods that the cache does not show, and
+// forgets those it shows.
+func (u *Unstamped) of(parent types.UID, pods toolscache.Indexer) []*Pod {
 	if u == nil {
 		return nil
 	}
@@ -129,15 +155,15 @@ func (u *Unstamped) Keys() []string {
 }
 
 // EventHandler returns the pod informer's handler that forgets each pod
-// the cache is given: from then on the cache counts it.
+// the cache is given (stamped, a pod enters the label-selected cache as an
+// addition): from then on the cache counts it, even if it goes again before
+// a reconcile looks (PodsOf covers the rest).
 func (u *Unstamped) EventHandler() toolscache.ResourceEventHandler {
-	forget := func(obj any) {
-		if p, ok := obj.(*Pod); ok {
-			u.Forget(p.Namespace+"/"+p.Name, false)
-		}
-	}
 	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    forget,
-		UpdateFunc: func(_, obj any) { forget(obj) },
+		AddFunc: func(obj any) {
+			if p, ok := obj.(*Pod); ok {
+				u.Forget(p.Namespace+"/"+p.Name, false)
+			}
+		},
 	}
 }

@@ -22,27 +22,35 @@ func TestUnstamped(t *testing.T) {
 	var notified []types.UID
 	u.Notify(func(p *Pod) { notified = append(notified, p.ParentUID) })
 
+	held := func(parent types.UID) []*Pod {
+		_, held, err := u.PodsOf(cache, parent)
+		require.NoError(t, err)
+		return held
+	}
 	u.replace(map[string]*Pod{"ns/a1": a1, "ns/a2": a2, "ns/b1": b1})
 	assert.ElementsMatch(t, []types.UID{"a", "b"}, notified, "every parent read is counted again")
-	assert.ElementsMatch(t, names([]*Pod{a1, a2}), names(u.Of("a", cache)))
+	assert.ElementsMatch(t, names([]*Pod{a1, a2}), names(held("a")))
 
 	// Stamped: the cache shows it, and counts it from then on.
 	stamped := read("a1", "a")
 	stamped.Tracking = true
 	require.NoError(t, cache.Add(stamped))
-	assert.ElementsMatch(t, names([]*Pod{a2}), names(u.Of("a", cache)))
+	cached, _, err := u.PodsOf(cache, "a")
+	require.NoError(t, err)
+	assert.Equal(t, names([]*Pod{stamped}), names(cached))
+	assert.ElementsMatch(t, names([]*Pod{a2}), names(held("a")))
 	assert.Len(t, u.Keys(), 2)
 
 	// Given to the cache by its informer, then deleted before a reconcile:
 	// forgotten all the same.
 	notified = nil
 	u.EventHandler().OnAdd(read("b1", "b"), false)
-	assert.Empty(t, u.Of("b", cache))
+	assert.Empty(t, held("b"))
 	assert.Empty(t, notified, "a pod the cache was given is counted from the cache's own event")
 
 	// Gone before its stamp.
 	u.Forget("ns/a2", true)
-	assert.Empty(t, u.Of("a", cache))
+	assert.Empty(t, held("a"))
 	assert.Equal(t, []types.UID{"a"}, notified)
 	assert.Empty(t, u.Keys())
 
@@ -50,6 +58,29 @@ func TestUnstamped(t *testing.T) {
 	notified = nil
 	u.replace(map[string]*Pod{"ns/b2": read("b2", "b")})
 	assert.Equal(t, []types.UID{"b"}, notified)
-	assert.Len(t, u.Of("b", cache), 1)
-	assert.Nil(t, (*Unstamped)(nil).Of("b", cache))
+	assert.Len(t, held("b"), 1)
+	_, none, err := (*Unstamped)(nil).PodsOf(cache, "b")
+	require.NoError(t, err)
+	assert.Nil(t, none)
+}
+
+// lateCache is an indexer whose pods arrive just after the held pods are
+// taken: GetByKey does not show them yet, the index does.
+type lateCache struct{ toolscache.Indexer }
+
+func (lateCache) GetByKey(string) (any, bool, error) { return nil, false, nil }
+
+// TestUnstampedCountsAPodOnce: a pod the cache is given while a reconcile
+// reads is counted once, from the cache.
+func TestUnstampedCountsAPodOnce(t *testing.T) {
+	p := cachedPod("p", corev1.PodRunning, false, false, false)
+	p.ParentUID, p.Controller.UID = "a", "a"
+	cache := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, Indexers)
+	require.NoError(t, cache.Add(p))
+	u := NewUnstamped()
+	u.replace(map[string]*Pod{"ns/p": p})
+	cached, held, err := u.PodsOf(lateCache{cache}, "a")
+	require.NoError(t, err)
+	assert.Len(t, cached, 1)
+	assert.Empty(t, held)
 }

@@ -20,15 +20,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
 	"tally.dev/tally/test/framework"
 )
 
 // TestBigParentCostsWhatChanges: a pool of 2,000 running pods admitted
 // while its kind kept no totals opts in to them. Its counts are right while
-// its pods are still being given the finalizer (at most 100 a reconcile),
-// and each pod that then finishes costs a read of that pod, never a list of
-// the pool's pods.
+// its pods are still being given the finalizer, and a change meanwhile is
+// counted between two batches of finalizers, not after all of them (a
+// reconcile adds at most 100, at a client limit of 100 a second). Each pod
+// that then finishes costs a read of that pod, never a list of the pool's
+// pods.
 func TestBigParentCostsWhatChanges(t *testing.T) {
 	const n = 2000
 	ns := namespace(t)
@@ -64,6 +67,12 @@ func TestBigParentCostsWhatChanges(t *testing.T) {
 	tracked := len(withFinalizer(t, ns))
 	assert.Less(t, tracked, n, "the counts were written before the finalizers were all added")
 	t.Logf("counts right with %d of %d pods tracked", tracked, n)
+	intent := fmt.Sprintf(`{"metadata":{"annotations":{%q:"scale-down"}}}`, keys.CompletionIntent)
+	require.NoError(t, env.Client.Patch(ctx, pods[n-1].DeepCopy(), client.RawPatch(types.MergePatchType, []byte(intent))))
+	require.Eventually(t, func() bool { return status(t, ns, "big", "completing") == 1 }, 30*time.Second, 50*time.Millisecond)
+	tracked = len(withFinalizer(t, ns))
+	assert.Less(t, tracked, n/2, "a change during the opt-in waits for one batch of finalizers, not for all of them")
+	t.Logf("an intent set meanwhile counted with %d of %d pods tracked", tracked, n)
 	require.Eventually(t, func() bool { return len(withFinalizer(t, ns)) == n }, 2*time.Minute, 200*time.Millisecond)
 
 	metrics := func() (lists, reads float64) {

@@ -517,8 +517,11 @@ func (d *doctor) checkTracking(ctx context.Context) Check {
 			}
 			read++
 			pod, err := d.cs.CoreV1().Pods(meta.Namespace).Get(ctx, meta.Name, metav1.GetOptions{})
-			if err != nil {
-				return nil // gone since, or not readable: not known to be stuck
+			switch {
+			case apierrors.IsNotFound(err):
+				return nil // gone since
+			case err != nil:
+				return fmt.Errorf("reading pod %s/%s: %w", meta.Namespace, meta.Name, err)
 			}
 			if at, ok := finishedAt(pod); ok && slices.Contains(pod.Finalizers, keys.TrackingFinalizer) {
 				report(pod.Namespace, pod.Name, at)
