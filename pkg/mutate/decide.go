@@ -8,10 +8,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/intent"
 	"tally.dev/tally/pkg/keys"
 )
@@ -68,31 +67,14 @@ type Decision struct {
 	// Parent is the parent whose identity the pod carries once Patch is
 	// applied: its controller owner of a tracked kind, verified when owners
 	// are. Zero when it carries none.
-	Parent Owner
-}
-
-// Owner identifies a pod's controller owner of a tracked kind.
-type Owner struct {
-	GroupKind schema.GroupKind
-	Name      string
-	UID       types.UID
-}
-
-// Identity returns the owner's full identity, as written to the
-// keys.Parent annotation: "<Kind>.<group>/<name>", or "<Kind>/<name>" for
-// the core group.
-func (o Owner) Identity() string {
-	if o.GroupKind.Group == "" {
-		return o.GroupKind.Kind + "/" + o.Name
-	}
-	return o.GroupKind.Kind + "." + o.GroupKind.Group + "/" + o.Name
+	Parent identity.Parent
 }
 
 // OwnerChecker confirms that an owner exists in a namespace with the
 // referenced UID. It returns a reason when it does not, and an error when
 // it could not tell.
 type OwnerChecker interface {
-	CheckOwner(ctx context.Context, namespace string, owner Owner) (ok bool, reason string, err error)
+	CheckOwner(ctx context.Context, namespace string, owner identity.Parent) (ok bool, reason string, err error)
 }
 
 // Mutator decides what the pod metadata contract requires of a request.
@@ -181,7 +163,7 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	if m.checker != nil && !alreadyStamped(in, owner) {
 		ok, reason, err := m.checker.CheckOwner(ctx, in.Pod.Namespace, owner)
 		if err != nil {
-			return Decision{Unavailable: fmt.Sprintf("tally could not verify the owner %s of this pod (verifyOwner): %v; retry", owner.Identity(), err)}
+			return Decision{Unavailable: fmt.Sprintf("tally could not verify the owner %s of this pod (verifyOwner): %v; retry", owner, err)}
 		}
 		if !ok {
 			isTracked = false
@@ -190,9 +172,9 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 		}
 	}
 
-	var want identity
+	var want wantKeys
 	if isTracked {
-		want = identityOf(owner)
+		want = wantKeysOf(owner)
 		d.Parent = owner
 	}
 	p := patcher{in: in, d: &d}
@@ -211,24 +193,13 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 
 // trackedOwner returns the pod's controller owner when it is of a tracked
 // kind.
-func trackedOwner(pod *PodMeta, tracked map[schema.GroupKind]bool) (Owner, bool) {
-	for _, ref := range pod.OwnerReferences {
-		if ref.Controller == nil || !*ref.Controller {
-			continue
-		}
-		group := ref.APIVersion
-		if i := strings.LastIndexByte(group, '/'); i >= 0 {
-			group = group[:i]
-		} else {
-			group = ""
-		}
-		gk := schema.GroupKind{Group: group, Kind: ref.Kind}
-		if !tracked[gk] {
-			return Owner{}, false
-		}
-		return Owner{GroupKind: gk, Name: ref.Name, UID: ref.UID}, true
+func trackedOwner(pod *PodMeta, tracked map[schema.GroupKind]bool) (identity.Parent, bool) {
+	ref, ok := identity.Controller(pod.OwnerReferences)
+	if !ok {
+		return identity.Parent{}, false
 	}
-	return Owner{}, false
+	p := identity.Of(ref)
+	return p, tracked[p.GroupKind]
 }
 
 func carriesTallyKeys(pod *PodMeta) bool {
@@ -248,23 +219,25 @@ func carriesTallyKeys(pod *PodMeta) bool {
 // alreadyStamped reports whether an UPDATE keeps the identity the stored pod
 // already carries for this owner, so that the owner need not be checked
 // again.
-func alreadyStamped(in Input, owner Owner) bool {
+func alreadyStamped(in Input, owner identity.Parent) bool {
 	return in.Operation == Update && in.Old != nil &&
 		in.Old.Labels[keys.ParentUID] == string(owner.UID) &&
-		in.Old.Annotations[keys.Parent] == owner.Identity()
+		in.Old.Annotations[keys.Parent] == owner.String()
 }
 
-type identity struct {
+// wantKeys holds the identity keys' values a pod must carry.
+type wantKeys struct {
 	uid, name, parent          string
 	hasUID, hasName, hasParent bool
 }
 
-func identityOf(o Owner) identity {
-	id := identity{uid: string(o.UID), hasUID: true, parent: o.Identity(), hasParent: true}
-	if len(validation.IsValidLabelValue(o.Name)) == 0 {
-		id.name, id.hasName = o.Name, true
+func wantKeysOf(p identity.Parent) wantKeys {
+	s := wantKeys{uid: string(p.UID), hasUID: true, parent: p.String(), hasParent: true}
+	s.name, s.hasName = p.NameLabel()
+	if !s.hasName {
+		s.name = ""
 	}
-	return id
+	return s
 }
 
 // checkIntent returns a denial message when the request changes or removes

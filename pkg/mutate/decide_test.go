@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
 )
@@ -53,17 +54,17 @@ func withIntent(b *builder.PodBuilder) *builder.PodBuilder {
 
 type fakeChecker map[types.UID]bool
 
-func (f fakeChecker) CheckOwner(_ context.Context, ns string, o Owner) (bool, string, error) {
+func (f fakeChecker) CheckOwner(_ context.Context, ns string, o identity.Parent) (bool, string, error) {
 	if f[o.UID] {
 		return true, "", nil
 	}
-	return false, o.Identity() + " with UID " + string(o.UID) + " not found in namespace " + ns, nil
+	return false, o.String() + " with UID " + string(o.UID) + " not found in namespace " + ns, nil
 }
 
 // failingChecker cannot reach the API server.
 type failingChecker struct{}
 
-func (failingChecker) CheckOwner(context.Context, string, Owner) (bool, string, error) {
+func (failingChecker) CheckOwner(context.Context, string, identity.Parent) (bool, string, error) {
 	return false, "", errors.New("the server is currently unable to handle the request")
 }
 

@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
 )
@@ -206,7 +207,7 @@ func TestHandlerFailsTheCallWhenOwnersCannotBeChecked(t *testing.T) {
 // not to stamp; any other API error is an error, so that the call is
 // retried.
 func TestReaderOwnerChecker(t *testing.T) {
-	owner := Owner{GroupKind: pool.GroupKind(), Name: "pool-a", UID: uid}
+	owner := identity.Parent{GroupKind: pool.GroupKind(), Name: "pool-a", UID: uid}
 	notFound := apierrors.NewNotFound(schema.GroupResource{Group: "example.tally.dev", Resource: "workerpools"}, "pool-a")
 	tests := []struct {
 		name       string

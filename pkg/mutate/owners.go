@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/identity"
 )
 
 // ReaderOwnerChecker verifies owners against an informer cache of the parent
@@ -47,7 +48,7 @@ func PartialMetadata(gvk schema.GroupVersionKind) client.Object {
 // CheckOwner reports whether the owner exists in namespace with its UID. An
 // owner whose kind the API server does not serve does not exist; any other
 // error of the API server is returned: the owner may exist.
-func (c *ReaderOwnerChecker) CheckOwner(ctx context.Context, namespace string, owner Owner) (bool, string, error) {
+func (c *ReaderOwnerChecker) CheckOwner(ctx context.Context, namespace string, owner identity.Parent) (bool, string, error) {
 	gvk, ok := c.versions[owner.GroupKind]
 	if !ok {
 		return false, fmt.Sprintf("%s is not a tracked kind", owner.GroupKind), nil
@@ -60,13 +61,13 @@ func (c *ReaderOwnerChecker) CheckOwner(ctx context.Context, namespace string, o
 	err := c.live.Get(ctx, key, obj)
 	switch {
 	case apierrors.IsNotFound(err):
-		return false, fmt.Sprintf("owner %s not found in namespace %s", owner.Identity(), namespace), nil
+		return false, fmt.Sprintf("owner %s not found in namespace %s", owner, namespace), nil
 	case apimeta.IsNoMatchError(err):
-		return false, fmt.Sprintf("owner %s: the API server does not serve %s", owner.Identity(), gvk), nil
+		return false, fmt.Sprintf("owner %s: the API server does not serve %s", owner, gvk), nil
 	case err != nil:
 		return false, "", err
 	case obj.GetUID() != owner.UID:
-		return false, fmt.Sprintf("owner %s in namespace %s has UID %s, not %s", owner.Identity(), namespace, obj.GetUID(), owner.UID), nil
+		return false, fmt.Sprintf("owner %s in namespace %s has UID %s, not %s", owner, namespace, obj.GetUID(), owner.UID), nil
 	}
 	return true, "", nil
 }

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/intent"
 	"tally.dev/tally/pkg/keys"
 )
@@ -149,8 +150,11 @@ func (r *Reconciler) stop(ctx context.Context, pod *corev1.Pod) error {
 	return client.IgnoreNotFound(r.Client.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}))
 }
 
+// newPod returns a worker pod of pool, stamped with the pool's identity
+// (identity.Stamp) so that the API server admits it without calling tally's
+// webhook.
 func (r *Reconciler) newPod(pool *unstructured.Unstructured, name string) *corev1.Pod {
-	return &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: pool.GetNamespace(),
 			Name:      name,
@@ -175,4 +179,6 @@ func (r *Reconciler) newPod(pool *unstructured.Unstructured, name string) *corev
 			}},
 		},
 	}
+	identity.Stamp(pod)
+	return pod
 }
