@@ -84,13 +84,22 @@ def mark_for_completion(pod, reason: str = "scale-down") -> None:
 
 def new_pod(body, name: str) -> dict:
     meta = body["metadata"]
+    # The pool's identity, exactly as tally's webhook would stamp it: the API
+    # server then admits the pod without calling the webhook. The name label
+    # only when the name is a valid label value (a pool's name is one when it
+    # has at most 63 characters).
+    labels = {"app.kubernetes.io/name": "worker", "app.kubernetes.io/instance": name,
+              "tally.dev/parent-uid": meta["uid"]}
+    if len(meta["name"]) <= 63:
+        labels["tally.dev/parent-name"] = meta["name"]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": f"{meta['name']}-{secrets.token_hex(3)}",
             "namespace": meta["namespace"],
-            "labels": {"app.kubernetes.io/name": "worker", "app.kubernetes.io/instance": name},
+            "labels": labels,
+            "annotations": {"tally.dev/parent": f"WorkerPool.{GROUP}/{meta['name']}"},
             "ownerReferences": [{
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkerPool",
                 "name": meta["name"], "uid": meta["uid"],

@@ -295,7 +295,7 @@ func (d *Demo) startWebhook(ctx context.Context) (*devcert.CA, int, error) {
 // registerWebhook registers the webhook as the chart does, with the same
 // match conditions, pointing at the local process.
 func (d *Demo) registerWebhook(ctx context.Context, ca *devcert.CA, port int) error {
-	wh := mutate.Webhook(d.cfg.Parents, admissionregistrationv1.WebhookClientConfig{
+	wh := mutate.Webhook(d.cfg, admissionregistrationv1.WebhookClientConfig{
 		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)),
 		CABundle: ca.CertPEM,
 	}, framework.AggregatorUser)

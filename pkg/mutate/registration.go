@@ -2,44 +2,65 @@ package mutate
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/utils/ptr"
 
+	"tally.dev/tally/charts"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 )
 
-// MatchConditionName names the CEL condition under which the API server
-// calls the webhook.
-const MatchConditionName = "tracked-owner-or-tally-metadata"
+// The names of the registration's match conditions. The API server calls the
+// webhook for a pod only when every condition holds.
+const (
+	// MatchConditionName holds for the pods tally is concerned with: a
+	// tracked controller owner, or tally.dev/ metadata before or after the
+	// request.
+	MatchConditionName = "tracked-owner-or-tally-metadata"
+	// ChangeConditionName holds unless the webhook would allow the request
+	// with no patch and no warning: a pod its operator stamped (identity.Stamp),
+	// an update that leaves tally's keys as they were admitted.
+	ChangeConditionName = "would-change-or-refuse"
+	// AggregatorConditionName holds for every requester but the aggregator.
+	AggregatorConditionName = "not-tally-aggregator"
+)
 
-// MatchExpression returns the CEL expression that holds for a pod whose
-// controller ownerReference names a tracked kind, or that (before or after
-// the request) carries a tally.dev/ label or annotation. The API server calls
-// the webhook only for such pods, so an outage of the webhook cannot block
-// unrelated pods. The Helm chart renders the same expression.
-func MatchExpression(parents []config.Parent) string {
-	var kinds []string
-	for _, p := range parents {
-		if p.Group == "" {
-			kinds = append(kinds, fmt.Sprintf("(r.apiVersion == 'v1' && r.kind == '%s')", p.Kind))
-		} else {
-			kinds = append(kinds, fmt.Sprintf("(r.apiVersion.startsWith('%s/') && r.kind == '%s')", p.Group, p.Kind))
+// MatchConditions returns the conditions under which the API server calls
+// the webhook for a pod, for the parent kinds and owner verification of cfg:
+// MatchConditionName then ChangeConditionName. Their CEL is in the chart
+// (charts/tally/files/match-conditions), which renders the same text from
+// the same values.
+func MatchConditions(cfg *config.Config) []admissionregistrationv1.MatchCondition {
+	fill := strings.NewReplacer("@parents@", parentsLiteral(cfg.Parents), "@verifyOwner@", strconv.FormatBool(cfg.VerifyOwner))
+	conds := make([]admissionregistrationv1.MatchCondition, 0, 2)
+	for _, name := range []string{MatchConditionName, ChangeConditionName} {
+		src, err := charts.MatchConditions.ReadFile("tally/files/match-conditions/" + name + ".cel")
+		if err != nil {
+			panic(fmt.Sprintf("match condition %s is not embedded: %v", name, err))
 		}
+		conds = append(conds, admissionregistrationv1.MatchCondition{Name: name, Expression: fill.Replace(strings.TrimSpace(string(src)))})
 	}
-	tallyKeys := func(obj string) string {
-		return fmt.Sprintf("(has(%[1]s.metadata.labels) && %[1]s.metadata.labels.exists(k, k.startsWith('%[2]s'))) || "+
-			"(has(%[1]s.metadata.annotations) && %[1]s.metadata.annotations.exists(k, k.startsWith('%[2]s')))", obj, keys.Prefix)
-	}
-	return fmt.Sprintf("(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && (%s))) || %s || (oldObject != null && (%s))",
-		strings.Join(kinds, " || "), tallyKeys("object"), tallyKeys("oldObject"))
+	return conds
 }
 
-// AggregatorConditionName names the CEL condition that keeps the API
-// server from calling the webhook for the aggregator's own requests.
-const AggregatorConditionName = "not-tally-aggregator"
+// parentsLiteral returns the CEL list that the match conditions read the
+// parent kinds from: group, kind, and the finalizer their pods carry (empty
+// for kinds without totals). The chart's tally.parentsLiteral renders the
+// same list.
+func parentsLiteral(parents []config.Parent) string {
+	items := make([]string, len(parents))
+	for i, p := range parents {
+		finalizer := ""
+		if p.Tracked() {
+			finalizer = keys.TrackingFinalizer
+		}
+		items[i] = fmt.Sprintf("{'group': %s, 'kind': %s, 'finalizer': %s}", celString(p.Group), celString(p.Kind), celString(finalizer))
+	}
+	return "[" + strings.Join(items, ", ") + "]"
+}
 
 // AggregatorExpression returns the CEL expression that holds for every
 // requester but the aggregator, user. The aggregator's backfill stamps pods
@@ -56,13 +77,17 @@ func celString(s string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
 }
 
-// Webhook returns the pod mutating webhook as it is registered in a cluster,
-// calling the service or URL in clientConfig. aggregatorUser is the
+// Webhook returns the pod mutating webhook as it is registered in a cluster
+// for cfg, calling the service or URL in clientConfig. aggregatorUser is the
 // aggregator's username, whose requests the webhook is not called for.
-func Webhook(parents []config.Parent, clientConfig admissionregistrationv1.WebhookClientConfig, aggregatorUser string) admissionregistrationv1.MutatingWebhook {
+func Webhook(cfg *config.Config, clientConfig admissionregistrationv1.WebhookClientConfig, aggregatorUser string) admissionregistrationv1.MutatingWebhook {
 	failurePolicy := admissionregistrationv1.Fail
 	sideEffects := admissionregistrationv1.SideEffectClassNone
 	reinvocation := admissionregistrationv1.IfNeededReinvocationPolicy
+	selector := cfg.NamespaceSelector
+	if selector == nil {
+		selector = config.DefaultNamespaceSelector()
+	}
 	return admissionregistrationv1.MutatingWebhook{
 		Name:                    "pods.tally.dev",
 		ClientConfig:            clientConfig,
@@ -78,10 +103,8 @@ func Webhook(parents []config.Parent, clientConfig admissionregistrationv1.Webho
 				Scope: ptr.To(admissionregistrationv1.NamespacedScope),
 			},
 		}},
-		NamespaceSelector: config.DefaultNamespaceSelector(),
-		MatchConditions: []admissionregistrationv1.MatchCondition{
-			{Name: MatchConditionName, Expression: MatchExpression(parents)},
-			{Name: AggregatorConditionName, Expression: AggregatorExpression(aggregatorUser)},
-		},
+		NamespaceSelector: selector,
+		MatchConditions: append(MatchConditions(cfg),
+			admissionregistrationv1.MatchCondition{Name: AggregatorConditionName, Expression: AggregatorExpression(aggregatorUser)}),
 	}
 }

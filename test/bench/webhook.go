@@ -295,7 +295,7 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port int, d time.Durat
 		return err
 	}
 	parents := []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Resource: "workerpools"}}
-	wh := mutate.Webhook(parents, admissionregistrationv1.WebhookClientConfig{
+	wh := mutate.Webhook(&config.Config{Parents: parents}, admissionregistrationv1.WebhookClientConfig{
 		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
 	}, framework.AggregatorUser)
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-bench"}, Webhooks: []admissionregistrationv1.MutatingWebhook{wh}}

@@ -23,6 +23,7 @@ import (
 
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/builder"
@@ -56,8 +57,9 @@ func TestServerSideDryRun(t *testing.T) {
 
 // TestRenderedWebhookRegistration registers the rendered
 // MutatingWebhookConfiguration, pointed at a webhook served by the test: an
-// unrelated pod is admitted without the webhook being called, a tracked pod
-// is stamped, in the release namespace too.
+// unrelated pod and a pod its operator stamped are admitted without the
+// webhook being called, a tracked pod is stamped, in the release namespace
+// too.
 func TestRenderedWebhookRegistration(t *testing.T) {
 	ctx := context.Background()
 	var mwc admissionregistrationv1.MutatingWebhookConfiguration
@@ -105,6 +107,12 @@ func TestRenderedWebhookRegistration(t *testing.T) {
 	assert.Greater(t, calls.Load(), before)
 	assert.Equal(t, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a", tracked.Labels[keys.ParentUID])
 	assert.Equal(t, "WorkerPool.example.tally.dev/pool", tracked.Annotations[keys.Parent])
+
+	before = calls.Load()
+	stamped := builder.Pod(ns, "stamped").ControlledBy(builder.WorkerPoolGVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
+	identity.Stamp(stamped)
+	require.NoError(t, env.Client.Create(ctx, stamped))
+	assert.Equal(t, before, calls.Load(), "the webhook was called for a pod its operator stamped")
 
 	// Parents in the release namespace are served too; tally's own pods
 	// there (a ReplicaSet's) never reach the webhook.

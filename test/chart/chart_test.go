@@ -185,7 +185,7 @@ func TestMatchConditions(t *testing.T) {
 		require.Len(t, mwc.Webhooks, 1)
 		got := mwc.Webhooks[0]
 		assert.Equal(t, mutate.Path, *got.ClientConfig.Service.Path)
-		want := mutate.Webhook(cfg.Parents, got.ClientConfig, framework.AggregatorUser)
+		want := mutate.Webhook(cfg, got.ClientConfig, framework.AggregatorUser)
 		// Values, not definitions: failurePolicy and namespace narrowing.
 		want.FailurePolicy = got.FailurePolicy
 		want.NamespaceSelector = cfg.NamespaceSelector

@@ -121,7 +121,7 @@ func (w *webhook) stop() {
 // register registers w for the namespace ns, as the chart does.
 func (w *webhook) register(t *testing.T, ns string, policy admissionregistrationv1.FailurePolicyType) {
 	t.Helper()
-	env.RegisterWebhook(t, workerPools, admissionregistrationv1.WebhookClientConfig{
+	env.RegisterWebhook(t, &config.Config{Parents: workerPools}, admissionregistrationv1.WebhookClientConfig{
 		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", w.port, mutate.Path)),
 		CABundle: w.ca.CertPEM,
 	}, ns, policy)

@@ -80,13 +80,13 @@ func (e *Env) WebhookNamespace(t testing.TB, prefix string) string {
 	return ns.Name
 }
 
-// RegisterWebhook registers tally's pod webhook for parents, as the chart
+// RegisterWebhook registers tally's pod webhook for cfg, as the chart
 // does, calling clientConfig for the pods of namespace ns only (created by
 // WebhookNamespace), with failure policy policy; the registration is removed
 // when the test ends. The API server picks it up asynchronously.
-func (e *Env) RegisterWebhook(t testing.TB, parents []config.Parent, clientConfig admissionregistrationv1.WebhookClientConfig, ns string, policy admissionregistrationv1.FailurePolicyType) {
+func (e *Env) RegisterWebhook(t testing.TB, cfg *config.Config, clientConfig admissionregistrationv1.WebhookClientConfig, ns string, policy admissionregistrationv1.FailurePolicyType) {
 	t.Helper()
-	wh := mutate.Webhook(parents, clientConfig, AggregatorUser)
+	wh := mutate.Webhook(cfg, clientConfig, AggregatorUser)
 	wh.FailurePolicy = &policy
 	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{NamespaceLabel: ns}}
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{

@@ -313,7 +313,7 @@ func TestWebhookRolloutRefusesNothing(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(service.Close)
 
-	wh := mutate.Webhook([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}}, admissionregistrationv1.WebhookClientConfig{
+	wh := mutate.Webhook(&config.Config{Parents: []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}}}, admissionregistrationv1.WebhookClientConfig{
 		URL: ptr.To("https://" + service.Addr() + mutate.Path), CABundle: ca.CertPEM,
 	}, framework.AggregatorUser)
 	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"tally.dev/test": "rollout"}}

@@ -160,7 +160,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
 	require.NoError(t, err)
 	assert.Equal(t, "BatchPool", cfg.Parents[1].Kind)
-	assert.Equal(t, mutate.MatchExpression(cfg.Parents), mwc.Webhooks[0].MatchConditions[0].Expression)
+	assert.Equal(t, mutate.MatchConditions(cfg), mwc.Webhooks[0].MatchConditions[:2])
 
 	// helm uninstall runs the pre-delete hook, which no Job controller runs
 	// here: run its command as a process, as its service account, then

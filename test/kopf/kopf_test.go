@@ -1,13 +1,15 @@
 // Package kopf checks the Kopf example (examples/kopf) and the Kopf file in
 // docs/frameworks.md: on every machine, that the operator compiles, that the
-// docs show exactly that file, and that the CRD it runs against declares
-// every field tally maps; where Python can import kopf, it runs the
+// docs show exactly that file, that the pods it creates carry the identity
+// the webhook would stamp, and that the CRD it runs against declares every
+// field tally maps; where Python can import kopf, it runs the
 // operator against the demo's control plane (real webhook and aggregator).
 package kopf
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,6 +32,7 @@ import (
 	"tally.dev/tally/internal/demo"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/builder"
 	"tally.dev/tally/test/framework"
 )
@@ -64,6 +67,39 @@ func TestOperatorCompiles(t *testing.T) {
 	out, err := python("-c", "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)",
 		operatorFile, filepath.Join(t.TempDir(), "operator.pyc")).CombinedOutput()
 	require.NoError(t, err, "%s", out)
+}
+
+// newPodScript loads the example with kopf and kubernetes stood in for
+// (new_pod uses neither) and prints the pod new_pod builds for a pool named
+// argv[1] with UID argv[2].
+const newPodScript = `
+import importlib.util, json, sys
+from unittest import mock
+sys.modules["kopf"] = mock.MagicMock()
+sys.modules["kubernetes"] = mock.MagicMock()
+spec = importlib.util.spec_from_file_location("operator_example", sys.argv[3])
+example = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(example)
+body = {"metadata": {"name": sys.argv[1], "namespace": "ns", "uid": sys.argv[2]}}
+print(json.dumps(example.new_pod(body, sys.argv[1])))
+`
+
+// TestNewPodIsStampedAsTheWebhookWould: the pods the Kopf example creates
+// carry exactly the identity the webhook derives, so the API server admits
+// them without calling it (the webhook would change nothing).
+func TestNewPodIsStampedAsTheWebhookWould(t *testing.T) {
+	pools := []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}}
+	for _, name := range []string{"pool-a", strings.Repeat("p", 70)} {
+		out, err := python("-c", newPodScript, name, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a", operatorFile).Output()
+		require.NoError(t, err, "%s", out)
+		var pod corev1.Pod
+		require.NoError(t, json.Unmarshal(out, &pod), "%s", out)
+		meta := &mutate.PodMeta{Namespace: "ns", Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
+		d := mutate.NewMutator(pools, nil).Decide(context.Background(), mutate.Input{Operation: mutate.Create, User: "kopf", Pod: meta, Now: time.Now()})
+		assert.Empty(t, d.Patch, "pool %q: the webhook would patch the example's pod: %s", name, out)
+		assert.Empty(t, d.Warnings)
+		assert.Equal(t, pod.OwnerReferences[0].UID, d.Parent.UID, "the pod is not the pool's")
+	}
 }
 
 // TestDocsShowTheExample: the Kopf file in docs/frameworks.md is the

@@ -128,7 +128,7 @@ func startWebhook(t *testing.T, ns, cfg string) {
 	poolTotals := slices.ContainsFunc(parsed.Parents, func(p config.Parent) bool {
 		return p.GroupKind() == builder.WorkerPoolGVK.GroupKind() && p.Tracked()
 	})
-	env.RegisterWebhook(t, parsed.Parents, admissionregistrationv1.WebhookClientConfig{
+	env.RegisterWebhook(t, parsed, admissionregistrationv1.WebhookClientConfig{
 		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
 	}, ns, admissionregistrationv1.Fail)
 	// The API server picks registrations up asynchronously.

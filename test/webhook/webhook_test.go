@@ -32,10 +32,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/cmd/webhook/app"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/intent"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -71,7 +73,7 @@ func run(m *testing.M) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	wh := mutate.Webhook(parents, admissionregistrationv1.WebhookClientConfig{
+	wh := mutate.Webhook(&config.Config{Parents: parents}, admissionregistrationv1.WebhookClientConfig{
 		Service: &admissionregistrationv1.ServiceReference{Name: "tally-webhook", Namespace: "tally-system", Path: ptr.To(mutate.Path)},
 	}, framework.AggregatorUser)
 	wh.NamespaceSelector.MatchExpressions = append(wh.NamespaceSelector.MatchExpressions,
@@ -145,7 +147,7 @@ func startVerifying(ctx context.Context) error {
 	if err := start(ctx, &config.Config{Parents: parents, VerifyOwner: true}, "127.0.0.1", verifying.port, verifying.certDir, verifying.ca.CertPEM); err != nil {
 		return err
 	}
-	wh := mutate.Webhook(parents, admissionregistrationv1.WebhookClientConfig{
+	wh := mutate.Webhook(&config.Config{Parents: parents, VerifyOwner: true}, admissionregistrationv1.WebhookClientConfig{
 		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", verifying.port, mutate.Path)),
 		CABundle: verifying.ca.CertPEM,
 	}, framework.AggregatorUser)
@@ -209,7 +211,7 @@ func createPool(t *testing.T, ns, name string) types.UID {
 	return pool.GetUID()
 }
 
-func identity(name string) string { return "WorkerPool.example.tally.dev/" + name }
+func parentOf(name string) string { return "WorkerPool.example.tally.dev/" + name }
 
 func TestCreateStampsIdentity(t *testing.T) {
 	ctx := context.Background()
@@ -219,7 +221,7 @@ func TestCreateStampsIdentity(t *testing.T) {
 	pod := builder.Pod(ns, "p1").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Label("app", "worker").Build()
 	require.NoError(t, env.Client.Create(ctx, pod))
 	assert.Equal(t, map[string]string{"app": "worker", keys.ParentUID: string(uid), keys.ParentName: "pool-a"}, pod.Labels)
-	assert.Equal(t, identity("pool-a"), pod.Annotations[keys.Parent])
+	assert.Equal(t, parentOf("pool-a"), pod.Annotations[keys.Parent])
 }
 
 func TestForgedIdentityIsReplacedWithWarning(t *testing.T) {
@@ -229,10 +231,10 @@ func TestForgedIdentityIsReplacedWithWarning(t *testing.T) {
 	c, w := clientWithWarnings(t)
 
 	pod := builder.Pod(ns, "forged").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).
-		Label(keys.ParentUID, "not-the-owner").Annotation(keys.Parent, identity("elsewhere")).Build()
+		Label(keys.ParentUID, "not-the-owner").Annotation(keys.Parent, parentOf("elsewhere")).Build()
 	require.NoError(t, c.Create(ctx, pod))
 	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])
-	assert.Equal(t, identity("pool-a"), pod.Annotations[keys.Parent])
+	assert.Equal(t, parentOf("pool-a"), pod.Annotations[keys.Parent])
 	assertWarned(t, w, "label tally.dev/parent-uid set back", "annotation tally.dev/parent set back")
 }
 
@@ -256,11 +258,11 @@ func TestApplyThatOmitsIdentityIsRestored(t *testing.T) {
 	// The operator first applies the identity keys itself, so it owns them;
 	// applying again without them removes them, and the webhook puts them
 	// back rather than refusing the request.
-	apply(map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"}, map[string]string{keys.Parent: identity("pool-a")})
+	apply(map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"}, map[string]string{keys.Parent: parentOf("pool-a")})
 	pod := apply(map[string]string{}, nil)
 	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])
 	assert.Equal(t, "pool-a", pod.Labels[keys.ParentName])
-	assert.Equal(t, identity("pool-a"), pod.Annotations[keys.Parent])
+	assert.Equal(t, parentOf("pool-a"), pod.Annotations[keys.Parent])
 	assertWarned(t, w, "label tally.dev/parent-uid restored")
 }
 
@@ -335,12 +337,12 @@ func TestVerifyOwner(t *testing.T) {
 	require.NoError(t, c.Create(ctx, forged))
 	assert.NotContains(t, forged.Labels, keys.ParentUID)
 	assert.NotContains(t, forged.Annotations, keys.Parent)
-	assertWarned(t, w, "pod not stamped with its parent's identity: owner "+identity("pool-a")+" in namespace "+ns+" has UID "+string(uid))
+	assertWarned(t, w, "pod not stamped with its parent's identity: owner "+parentOf("pool-a")+" in namespace "+ns+" has UID "+string(uid))
 
 	missing := builder.Pod(ns, "missing").ControlledBy(builder.WorkerPoolGVK, "no-such-pool", "00000000-0000-4000-8000-00000000beef").Build()
 	require.NoError(t, c.Create(ctx, missing))
 	assert.NotContains(t, missing.Labels, keys.ParentUID)
-	assertWarned(t, w, "owner "+identity("no-such-pool")+" not found in namespace "+ns)
+	assertWarned(t, w, "owner "+parentOf("no-such-pool")+" not found in namespace "+ns)
 }
 
 // TestCertificateRotation replaces the serving certificate several times
@@ -492,7 +494,7 @@ func TestVerifyOwnerKindThatAppearsLater(t *testing.T) {
 	require.NoError(t, start(ctx, &config.Config{Parents: shardSets, VerifyOwner: true}, "127.0.0.1", port, verifying.certDir, verifying.ca.CertPEM),
 		"a webhook whose parent kind is not served must start")
 
-	wh := mutate.Webhook(shardSets, admissionregistrationv1.WebhookClientConfig{
+	wh := mutate.Webhook(&config.Config{Parents: shardSets, VerifyOwner: true}, admissionregistrationv1.WebhookClientConfig{
 		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)),
 		CABundle: verifying.ca.CertPEM,
 	}, framework.AggregatorUser)
@@ -512,4 +514,68 @@ func TestVerifyOwnerKindThatAppearsLater(t *testing.T) {
 	pod := builder.Pod(ns, "shard-0").ControlledBy(parent.GroupVersionKind(), "shards", parent.GetUID()).Build()
 	require.NoError(t, env.Client.Create(ctx, pod))
 	assert.Equal(t, string(parent.GetUID()), pod.Labels[keys.ParentUID])
+}
+
+// admissions returns how many reviews the webhooks of this process have
+// answered (tally_webhook_admissions_total).
+func admissions(t *testing.T) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	require.NoError(t, err)
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != "tally_webhook_admissions_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
+}
+
+// TestStampedPodsAreAdmittedWithoutACall: through the real API server and
+// the registration's match conditions, a pod its operator stamped
+// (identity.Stamp) and the updates that leave tally's keys as admitted never
+// reach the webhook; a forged stamp, an intent, an update that drops the
+// identity still do, and are answered as before.
+func TestStampedPodsAreAdmittedWithoutACall(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	c, w := clientWithWarnings(t)
+	calls := func(do func()) float64 {
+		t.Helper()
+		before := admissions(t)
+		do()
+		return admissions(t) - before
+	}
+
+	pod := builder.Pod(ns, "stamped").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Label("app", "worker").Build()
+	require.True(t, identity.Stamp(pod))
+	assert.Zero(t, calls(func() { require.NoError(t, c.Create(ctx, pod)) }), "a stamped pod was sent to the webhook")
+	assert.Equal(t, map[string]string{"app": "worker", keys.ParentUID: string(uid), keys.ParentName: "pool-a"}, pod.Labels)
+	assert.Equal(t, parentOf("pool-a"), pod.Annotations[keys.Parent])
+
+	relabel := func(value string) {
+		require.NoError(t, c.Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"`+value+`"}}}`))))
+	}
+	assert.Zero(t, calls(func() { relabel("other") }), "a label-only update of a stamped pod was sent")
+
+	assert.Equal(t, 1.0, calls(func() { require.NoError(t, intent.MarkForCompletion(ctx, c, pod, "scale-down")) }), "marking must be stamped")
+	assert.NotEmpty(t, pod.Annotations[keys.CompletionIntentAt])
+	assert.Zero(t, calls(func() { relabel("draining") }), "an update of a marked pod that keeps its stamps was sent")
+
+	forged := builder.Pod(ns, "forged").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	identity.Stamp(forged)
+	forged.Labels[keys.ParentUID] = "not-the-owner"
+	assert.Equal(t, 1.0, calls(func() { require.NoError(t, c.Create(ctx, forged)) }))
+	assert.Equal(t, string(uid), forged.Labels[keys.ParentUID])
+	assertWarned(t, w, "label tally.dev/parent-uid set back")
+
+	dropped := func() {
+		require.NoError(t, c.Patch(ctx, forged, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/labels/tally.dev~1parent-name"}]`))))
+	}
+	assert.Equal(t, 1.0, calls(dropped), "an update that drops the identity must be sent")
+	assert.Equal(t, "pool-a", forged.Labels[keys.ParentName])
 }

@@ -75,22 +75,20 @@ matchLabels:
 {{- end -}}
 
 {{/*
-The CEL condition under which the API server calls the webhook: the pod's
-controller ownerReference names a tracked kind, or the pod (before or after
-the request) carries tally.dev/ metadata. It must equal
-mutate.MatchExpression; test/chart checks that it does.
+A match condition of the webhook registration, given (list $ name): the CEL
+of files/match-conditions/<name>.cel with the parent kinds and verifyOwner
+filled in. pkg/mutate.MatchConditions renders the same files from the same
+config; test/chart checks that they agree.
 */}}
-{{- define "tally.matchExpression" -}}
-{{- $kinds := list -}}
-{{- range .Values.parents -}}
-{{- if .group -}}
-{{- $kinds = append $kinds (printf "(r.apiVersion.startsWith('%s/') && r.kind == '%s')" .group .kind) -}}
-{{- else -}}
-{{- $kinds = append $kinds (printf "(r.apiVersion == 'v1' && r.kind == '%s')" .kind) -}}
+{{- define "tally.matchCondition" -}}
+{{- $root := index . 0 -}}
+{{- $parents := list -}}
+{{- range $root.Values.parents -}}
+{{- $counts := .counts | default dict -}}
+{{- $finalizer := ternary "tally.dev/tracking" "" (or (hasKey $counts "completedTotal") (hasKey $counts "unexpectedTotal")) -}}
+{{- $parents = append $parents (printf "{'group': '%s', 'kind': '%s', 'finalizer': '%s'}" (.group | default "") .kind $finalizer) -}}
 {{- end -}}
-{{- end -}}
-{{- $keys := "(has(%[1]s.metadata.labels) && %[1]s.metadata.labels.exists(k, k.startsWith('tally.dev/'))) || (has(%[1]s.metadata.annotations) && %[1]s.metadata.annotations.exists(k, k.startsWith('tally.dev/')))" -}}
-{{- printf "(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && (%s))) || %s || (oldObject != null && (%s))" (join " || " $kinds) (printf $keys "object") (printf $keys "oldObject") -}}
+{{- $root.Files.Get (printf "files/match-conditions/%s.cel" (index . 1)) | trim | replace "@parents@" (printf "[%s]" (join ", " $parents)) | replace "@verifyOwner@" (toString $root.Values.verifyOwner) -}}
 {{- end -}}
 
 {{/* RBAC rules on the parent kinds, grouped by API group. */}}

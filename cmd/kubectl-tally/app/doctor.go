@@ -191,9 +191,14 @@ func (d *doctor) checkRegistration(ctx context.Context, cfg *config.Config) (*ad
 		fix := "with certificates.mode=cert-manager, check that cert-manager's cainjector runs; otherwise helm upgrade the chart"
 		return wh, fail(name, fix, "webhook %s has no caBundle: the API server cannot call it", wh.Name)
 	}
-	if cfg != nil && len(wh.MatchConditions) > 0 && wh.MatchConditions[0].Expression != mutate.MatchExpression(cfg.Parents) {
-		return wh, fail(name, "helm upgrade the chart so that the registration and the ConfigMap come from the same values",
-			"its match condition does not select the configured parent kinds")
+	if cfg != nil {
+		for _, want := range mutate.MatchConditions(cfg) {
+			i := slices.IndexFunc(wh.MatchConditions, func(c admissionregistrationv1.MatchCondition) bool { return c.Name == want.Name })
+			if i < 0 || wh.MatchConditions[i].Expression != want.Expression {
+				return wh, fail(name, "helm upgrade the chart so that the registration and the ConfigMap come from the same values",
+					"its match condition %s does not follow the configured parent kinds and verifyOwner", want.Name)
+			}
+		}
 	}
 	return wh, ok(name, "MutatingWebhookConfiguration %s: failurePolicy %s, %s", d.release, ptr.Deref(wh.FailurePolicy, ""), target(wh))
 }
