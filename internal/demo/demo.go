@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -87,6 +88,8 @@ type Demo struct {
 	cfg        *config.Config
 	env        *framework.Env
 	client     client.Client
+	// restConfig reaches the API server as an administrator, in every mode.
+	restConfig *rest.Config
 	kubeconfig string
 	// aggregatorKubeconfig runs the aggregator as the chart's service
 	// account would: the webhook registration exempts it.
@@ -151,13 +154,14 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 		if err != nil {
 			return nil, err
 		}
+		d.restConfig = restConfig
 		if err := d.watchFinished(ctx, restConfig); err != nil {
 			return nil, err
 		}
 		return d, d.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}})
 	}
 	if opts.Installed != nil {
-		d.client, d.aggregatorMetrics = opts.Installed.Env.Client, opts.Installed.AggregatorMetrics
+		d.client, d.aggregatorMetrics, d.restConfig = opts.Installed.Env.Client, opts.Installed.AggregatorMetrics, opts.Installed.Env.Config
 		if err := d.watchFinished(ctx, opts.Installed.Env.Config); err != nil {
 			return nil, err
 		}
@@ -167,7 +171,7 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 	if d.env, err = framework.Start(framework.Options{}); err != nil {
 		return nil, err
 	}
-	d.client = d.env.Client
+	d.client, d.restConfig = d.env.Client, d.env.Config
 	if err := d.writeKubeconfig(); err != nil {
 		return nil, err
 	}
@@ -509,6 +513,48 @@ func (d *Demo) Applies(ctx context.Context) (float64, error) {
 	return 0, sc.Err()
 }
 
+// webhookCalls says how many pod admissions the API server sent to tally's
+// webhook and how many its match conditions kept from it, by operation, as
+// the API server counts them (apiserver_admission_webhook_request_total,
+// apiserver_admission_match_condition_exclusions_total).
+func (d *Demo) webhookCalls(ctx context.Context) (string, error) {
+	cs, err := kubernetes.NewForConfig(d.restConfig)
+	if err != nil {
+		return "", err
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return "", err
+	}
+	sent, skipped := map[string]float64{}, map[string]float64{}
+	for line := range strings.Lines(string(raw)) {
+		var into map[string]float64
+		switch {
+		case !strings.Contains(line, `name="pods.tally.dev"`):
+			continue
+		case strings.HasPrefix(line, "apiserver_admission_webhook_request_total{"):
+			into = sent
+		case strings.HasPrefix(line, "apiserver_admission_match_condition_exclusions_total{"):
+			into = skipped
+		default:
+			continue
+		}
+		i := strings.Index(line, `operation="`)
+		if i < 0 {
+			continue
+		}
+		op := line[i+len(`operation="`):]
+		op = op[:strings.IndexByte(op, '"')]
+		v, err := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, ' ')+1:]), 64)
+		if err != nil {
+			return "", fmt.Errorf("parsing %q: %w", line, err)
+		}
+		into[op] += v
+	}
+	return fmt.Sprintf("the API server sent the webhook %.0f pod CREATEs and %.0f UPDATEs, its match conditions kept %.0f and %.0f from it",
+		sent["CREATE"], sent["UPDATE"], skipped["CREATE"], skipped["UPDATE"]), nil
+}
+
 var errMismatch = errors.New("tally's counts do not equal the truth")
 
 // Run drives the scenario for Options.Duration while printing progress,
@@ -647,6 +693,11 @@ func (d *Demo) Verdict(ctx context.Context) error {
 		}
 		sent = fmt.Sprintf("; the aggregator sent %.0f server-side applies", applies)
 	}
+	calls, err := d.webhookCalls(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the API server's metrics: %w", err)
+	}
+	sent += "; " + calls
 	totals := ""
 	if s.Totals != nil {
 		totals = fmt.Sprintf("; its totals equal the pods seen finishing, deleted ones included (completedTotal=%d unexpectedTotal=%d)",
