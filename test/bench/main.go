@@ -14,8 +14,10 @@
 //
 // The scenario webhook: admissions over TLS by bin/webhook and by the
 // conventional controller-runtime webhook, each on one core, at rising
-// concurrency; then pod creates through the API server with tally's webhook
-// registered and without, alternating.
+// concurrency; then pod creates and label-only updates through the API
+// server, alternating: no webhook, tally's registration before and after its
+// would-change-or-refuse condition, for pods stamped by their operator and
+// not.
 //
 // The scenario totals: the API requests the cumulative totals add per
 // finished pod (pod patches, status applies, lists of a parent's pods),
@@ -75,7 +77,7 @@ func main() {
 	steady := flag.Duration("steady", 20*time.Second, "length of the steady phase")
 	scenario := flag.String("scenario", "counts", "counts, sweep, scale, install, totals, or webhook")
 	step := flag.Duration("step", 3*time.Second, "webhook: length of each load step over TLS")
-	apiRound := flag.Duration("api-round", 20*time.Second, "webhook: length of each round of pod creates through the API server")
+	apiRound := flag.Duration("api-round", 10*time.Second, "webhook: length of each round of pod creates through the API server")
 	namespaces := flag.Int("namespaces", 50, "scale: namespaces")
 	parentsPerNS := flag.Int("parents-per-namespace", 30, "scale: parents per namespace")
 	total := flag.Int("total", 10_000, "sweep: pods in the cluster")

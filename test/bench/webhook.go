@@ -31,11 +31,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/builder"
@@ -158,7 +160,7 @@ func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) 
 	fmt.Printf("tally / conventional at saturation: %.1fx (target >= 5x); tally on one core: %.0f/s (target >= 10,000)\n",
 		sat[servers[0].name]/sat[servers[1].name], sat[servers[0].name])
 
-	return throughAPIServer(env, ca, tallyPort, apiRound)
+	return throughAPIServer(env, ca, tallyPort, tally.Pid(), apiRound)
 }
 
 // adminKubeconfig writes a cluster-admin kubeconfig for env into dir.
@@ -281,7 +283,23 @@ func load(url string, roots *x509.CertPool, bodies [][]byte, conc int, d time.Du
 // throughAPIServer creates pods from 10 and 50 clients for d at a time,
 // without a webhook and with tally's registered, alternating, and reads the
 // API server's own measure of the webhook call.
-func throughAPIServer(env *framework.Env, ca *devcert.CA, port int, d time.Duration) error {
+// admissionCase is one way the API server admits the measured requests.
+type admissionCase struct {
+	name string
+	// conditions are the registration's match conditions; nil registers no
+	// webhook.
+	conditions []admissionregistrationv1.MatchCondition
+	// stamp makes the created pods carry their identity already.
+	stamp bool
+}
+
+// throughAPIServer measures pod creates and label-only updates of tracked
+// pods through the API server, alternating how they are admitted: no
+// webhook, tally's registration as it was (every tracked pod called),
+// tally's registration now, for pods their operator did not stamp and for
+// pods it did. It reports latency, throughput, webhook calls, and the CPU
+// time the API server and the webhook spent per request.
+func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, d time.Duration) error {
 	ctx := context.Background()
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = -1, 0
@@ -294,106 +312,193 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port int, d time.Durat
 	if err := env.Client.Create(ctx, pool); err != nil {
 		return err
 	}
-	parents := []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Resource: "workerpools"}}
-	wh := mutate.Webhook(&config.Config{Parents: parents}, admissionregistrationv1.WebhookClientConfig{
+	tallyCfg := &config.Config{Parents: []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Resource: "workerpools"}}}
+	wh := mutate.Webhook(tallyCfg, admissionregistrationv1.WebhookClientConfig{
 		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
 	}, framework.AggregatorUser)
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-bench"}, Webhooks: []admissionregistrationv1.MutatingWebhook{wh}}
-	register := func(on bool) error {
-		if on {
-			err := env.Client.Create(ctx, mwc.DeepCopy())
-			time.Sleep(2 * time.Second)
+	now := wh.MatchConditions
+	var previous []admissionregistrationv1.MatchCondition
+	for _, c := range now {
+		if c.Name != mutate.ChangeConditionName {
+			previous = append(previous, c)
+		}
+	}
+	register := func(conds []admissionregistrationv1.MatchCondition) error {
+		mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-bench"}}
+		if err := client.IgnoreNotFound(env.Client.Delete(ctx, mwc)); err != nil {
 			return err
 		}
-		err := env.Client.Delete(ctx, mwc.DeepCopy())
+		if conds != nil {
+			w := wh.DeepCopy()
+			w.MatchConditions = conds
+			mwc.Webhooks = []admissionregistrationv1.MutatingWebhook{*w}
+			if err := env.Client.Create(ctx, mwc); err != nil {
+				return err
+			}
+		}
+		// The API server picks registrations up asynchronously.
 		time.Sleep(2 * time.Second)
-		return err
+		return nil
 	}
-	servers, err := children("kube-apiserver", "etcd")
-	if err != nil || len(servers) != 2 {
-		return fmt.Errorf("finding the API server and etcd among this process's children: %v (found %v)", err, servers)
+	servers, err := children("kube-apiserver")
+	if err != nil || len(servers) != 1 {
+		return fmt.Errorf("finding the API server among this process's children: %v (found %v)", err, servers)
+	}
+	apiserver := servers[0]
+	newPod := func(name string, stamp bool) *corev1.Pod {
+		pod := builder.RealisticPod(builder.Pod(ns, name).ControlledBy(builder.WorkerPoolGVK, pool.GetName(), pool.GetUID()))
+		if stamp {
+			identity.Stamp(pod)
+		}
+		return pod
 	}
 	var seq atomic.Int64
-	layouts := []struct {
-		name string
-		cpus string
+	creates := func(clients int, c admissionCase) (int, []time.Duration, error) {
+		return drive(clients, d, func(int) error {
+			_, err := cs.CoreV1().Pods(ns).Create(ctx, newPod(fmt.Sprintf("creates-%d", seq.Add(1)), c.stamp), metav1.CreateOptions{})
+			return err
+		})
+	}
+	// Each update client relabels a pod of its own, stamped when it was
+	// created, so that the updates never conflict.
+	updated := make([]string, 50)
+	for i := range updated {
+		pod := newPod(fmt.Sprintf("updated-%d", i), true)
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		updated[i] = pod.Name
+	}
+	updates := func(clients int, _ admissionCase) (int, []time.Duration, error) {
+		return drive(clients, d, func(client int) error {
+			patch := fmt.Appendf(nil, `{"metadata":{"labels":{"tick":"%d"}}}`, seq.Add(1))
+			_, err := cs.CoreV1().Pods(ns).Patch(ctx, updated[client], types.MergePatchType, patch, metav1.PatchOptions{})
+			return err
+		})
+	}
+
+	workloads := []struct {
+		name  string
+		run   func(int, admissionCase) (int, []time.Duration, error)
+		cases []admissionCase
 	}{
-		{"API server and etcd on both cores, the webhook on CPU 0, the clients on CPU 1", "0,1"},
-		{"API server, etcd and the clients on CPU 1, the webhook alone on CPU 0 (as on another node)", "1"},
+		{"pod creates (realistic pods of a WorkerPool)", creates, []admissionCase{
+			{name: "no admission webhook"},
+			{name: "tally, pods not stamped", conditions: now},
+			{name: "tally, pods stamped by their operator", conditions: now, stamp: true},
+			{name: "tally before (every tracked pod called), stamped", conditions: previous, stamp: true},
+		}},
+		{"label-only updates of stamped tracked pods", updates, []admissionCase{
+			{name: "no admission webhook"},
+			{name: "tally", conditions: now},
+			{name: "tally before (every tracked pod called)", conditions: previous},
+		}},
 	}
-	for _, layout := range layouts {
-		for _, pid := range servers {
-			if err := exec.Command("taskset", "-a", "-p", "-c", layout.cpus, strconv.Itoa(pid)).Run(); err != nil {
-				return fmt.Errorf("pinning %d: %w", pid, err)
-			}
-		}
-		fmt.Printf("\npod creates through the API server (realistic pods of a WorkerPool), %s per round, alternating; %s:\n", d, layout.name)
-		p99s := map[string][]time.Duration{}
+	fmt.Printf("\nthrough the API server (API server and etcd on both cores, the webhook on CPU 0, the clients on CPU 1), %s a round, the cases alternating, 2 rounds each; CPU from /proc/<pid>/stat\n", d)
+	for _, w := range workloads {
 		for _, clients := range []int{10, 50} {
-			for round := range 4 {
-				withWebhook := round%2 == 1
-				if err := register(withWebhook); err != nil && withWebhook {
-					return err
-				}
-				before, err := webhookHistogram(ctx, cs, wh.Name)
-				if err != nil {
-					return err
-				}
-				var mu sync.Mutex
-				var lat []time.Duration
-				deadline := time.Now().Add(d)
-				var wg sync.WaitGroup
-				var firstErr atomic.Value
-				for range clients {
-					wg.Go(func() {
-						var mine []time.Duration
-						for time.Now().Before(deadline) {
-							pod := builder.RealisticPod(builder.Pod(ns, fmt.Sprintf("creates-%d", seq.Add(1))).ControlledBy(builder.WorkerPoolGVK, pool.GetName(), pool.GetUID()))
-							t := time.Now()
-							if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-								firstErr.CompareAndSwap(nil, err)
-								return
-							}
-							mine = append(mine, time.Since(t))
-						}
-						mu.Lock()
-						lat = append(lat, mine...)
-						mu.Unlock()
-					})
-				}
-				wg.Wait()
-				if err, _ := firstErr.Load().(error); err != nil {
-					return err
-				}
-				after, err := webhookHistogram(ctx, cs, wh.Name)
-				if err != nil {
-					return err
-				}
-				slices.Sort(lat)
-				name := "no webhook"
-				extra := ""
-				if withWebhook {
-					name = "tally    "
-					extra = fmt.Sprintf("; the API server's webhook call: p50 %s p99 %s", after.quantile(before, 0.5), after.quantile(before, 0.99))
-				}
-				key := fmt.Sprintf("%d/%t", clients, withWebhook)
-				p99s[key] = append(p99s[key], pct(lat, 99))
-				fmt.Printf("  %2d clients, %s: %5d creates, %6.0f/s, p50 %-9s p99 %s%s\n", clients, name, len(lat), float64(len(lat))/d.Seconds(),
-					pct(lat, 50).Round(time.Microsecond), pct(lat, 99).Round(time.Microsecond), extra)
+			fmt.Printf("%s, %d clients:\n", w.name, clients)
+			type total struct {
+				n                  int
+				p99s               []time.Duration
+				lat                []time.Duration
+				apiCPU, webhookCPU time.Duration
+				calls              float64
 			}
-			mean := func(ds []time.Duration) time.Duration {
-				var s time.Duration
-				for _, x := range ds {
-					s += x
+			totals := make([]total, len(w.cases))
+			for range 2 {
+				for i, c := range w.cases {
+					if err := register(c.conditions); err != nil {
+						return err
+					}
+					before, err := webhookHistogram(ctx, cs, wh.Name)
+					if err != nil {
+						return err
+					}
+					apiBefore, whBefore := cpuTime(apiserver), cpuTime(webhookPID)
+					n, lat, err := w.run(clients, c)
+					if err != nil {
+						return fmt.Errorf("%s, %s: %w", w.name, c.name, err)
+					}
+					apiCPU, whCPU := cpuTime(apiserver)-apiBefore, cpuTime(webhookPID)-whBefore
+					after, err := webhookHistogram(ctx, cs, wh.Name)
+					if err != nil {
+						return err
+					}
+					t := &totals[i]
+					t.n += n
+					t.lat = append(t.lat, lat...)
+					t.p99s = append(t.p99s, pct(lat, 99))
+					t.apiCPU += apiCPU
+					t.webhookCPU += whCPU
+					t.calls += after[math.Inf(1)] - before[math.Inf(1)]
 				}
-				return s / time.Duration(len(ds))
 			}
-			without, with := mean(p99s[fmt.Sprintf("%d/false", clients)]), mean(p99s[fmt.Sprintf("%d/true", clients)])
-			fmt.Printf("  %2d clients: p99 with tally / without, mean of 2 rounds each: %.2f (%s / %s)\n", clients, float64(with)/float64(without),
-				with.Round(time.Microsecond), without.Round(time.Microsecond))
+			base := totals[0]
+			baseP99 := (base.p99s[0] + base.p99s[1]) / 2
+			baseCPU := base.apiCPU / time.Duration(base.n)
+			for i, c := range w.cases {
+				t := totals[i]
+				slices.Sort(t.lat)
+				p99 := (t.p99s[0] + t.p99s[1]) / 2
+				cpu := t.apiCPU / time.Duration(t.n)
+				fmt.Printf("  %-52s %6d requests, %5.0f/s, p50 %-9s p99 %-9s (%.2fx), API server CPU %6.3f ms/request (%.2fx), webhook CPU %.3f ms/request, webhook calls %.0f\n",
+					c.name, t.n, float64(t.n)/(2*d.Seconds()), pct(t.lat, 50).Round(time.Microsecond), p99.Round(time.Microsecond),
+					float64(p99)/float64(baseP99), float64(cpu.Microseconds())/1000, float64(cpu)/float64(baseCPU),
+					float64((t.webhookCPU/time.Duration(t.n)).Microseconds())/1000, t.calls)
+			}
 		}
 	}
-	return nil
+	return register(nil)
+}
+
+// drive runs clients goroutines calling do(client) for d, and returns the
+// number of calls and their latencies.
+func drive(clients int, d time.Duration, do func(client int) error) (int, []time.Duration, error) {
+	var mu sync.Mutex
+	var lat []time.Duration
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for c := range clients {
+		wg.Go(func() {
+			var mine []time.Duration
+			for time.Now().Before(deadline) {
+				t := time.Now()
+				if err := do(c); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				mine = append(mine, time.Since(t))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, nil, err
+	}
+	slices.Sort(lat)
+	return len(lat), lat, nil
+}
+
+// cpuTime returns the user and system CPU time process pid has used, from
+// /proc/<pid>/stat (in clock ticks of 10 ms); zero when it cannot be read.
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	st := string(b)
+	f := strings.Fields(st[strings.LastIndexByte(st, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // children returns the PIDs of this process's children running the named
