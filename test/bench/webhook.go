@@ -283,6 +283,22 @@ func load(url string, roots *x509.CertPool, bodies [][]byte, conc int, d time.Du
 // throughAPIServer creates pods from 10 and 50 clients for d at a time,
 // without a webhook and with tally's registered, alternating, and reads the
 // API server's own measure of the webhook call.
+// rounds is how many times each admission case is measured.
+const rounds = 4
+
+// createdLabel marks the pods the create rounds make, deleted between rounds
+// so that every round starts from the same store.
+const createdLabel = "bench.tally.dev/created"
+
+// mean returns the mean of ds.
+func mean(ds []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(len(ds))
+}
+
 // admissionCase is one way the API server admits the measured requests.
 type admissionCase struct {
 	name string
@@ -346,7 +362,7 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, 
 	}
 	apiserver := servers[0]
 	newPod := func(name string, stamp bool) *corev1.Pod {
-		pod := builder.RealisticPod(builder.Pod(ns, name).ControlledBy(builder.WorkerPoolGVK, pool.GetName(), pool.GetUID()))
+		pod := builder.RealisticPod(builder.Pod(ns, name).ControlledBy(builder.WorkerPoolGVK, pool.GetName(), pool.GetUID()).Label(createdLabel, "true"))
 		if stamp {
 			identity.Stamp(pod)
 		}
@@ -355,7 +371,8 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, 
 	var seq atomic.Int64
 	creates := func(clients int, c admissionCase) (int, []time.Duration, error) {
 		return drive(clients, d, func(int) error {
-			_, err := cs.CoreV1().Pods(ns).Create(ctx, newPod(fmt.Sprintf("creates-%d", seq.Add(1)), c.stamp), metav1.CreateOptions{})
+			pod := newPod(fmt.Sprintf("creates-%d", seq.Add(1)), c.stamp)
+			_, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 			return err
 		})
 	}
@@ -364,6 +381,7 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, 
 	updated := make([]string, 50)
 	for i := range updated {
 		pod := newPod(fmt.Sprintf("updated-%d", i), true)
+		delete(pod.Labels, createdLabel)
 		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			return err
 		}
@@ -394,7 +412,7 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, 
 			{name: "tally before (every tracked pod called)", conditions: previous},
 		}},
 	}
-	fmt.Printf("\nthrough the API server (API server and etcd on both cores, the webhook on CPU 0, the clients on CPU 1), %s a round, the cases alternating, 2 rounds each; CPU from /proc/<pid>/stat\n", d)
+	fmt.Printf("\nthrough the API server (API server and etcd on both cores, the webhook on CPU 0, the clients on CPU 1), %s a round, the cases alternating in %d rounds, each round in another order; the created pods deleted between rounds; CPU from /proc/<pid>/stat\n", d, rounds)
 	for _, w := range workloads {
 		for _, clients := range []int{10, 50} {
 			fmt.Printf("%s, %d clients:\n", w.name, clients)
@@ -406,8 +424,14 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, 
 				calls              float64
 			}
 			totals := make([]total, len(w.cases))
-			for range 2 {
-				for i, c := range w.cases {
+			for round := range rounds {
+				for k := range w.cases {
+					// Each case runs first, second ... in turn.
+					i := (k + round) % len(w.cases)
+					c := w.cases[i]
+					if err := cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: createdLabel}); err != nil {
+						return err
+					}
 					if err := register(c.conditions); err != nil {
 						return err
 					}
@@ -415,12 +439,12 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, 
 					if err != nil {
 						return err
 					}
-					apiBefore, whBefore := cpuTime(apiserver), cpuTime(webhookPID)
+					apiBefore, whBefore := cpu(apiserver), cpu(webhookPID)
 					n, lat, err := w.run(clients, c)
 					if err != nil {
 						return fmt.Errorf("%s, %s: %w", w.name, c.name, err)
 					}
-					apiCPU, whCPU := cpuTime(apiserver)-apiBefore, cpuTime(webhookPID)-whBefore
+					apiCPU, whCPU := cpu(apiserver)-apiBefore, cpu(webhookPID)-whBefore
 					after, err := webhookHistogram(ctx, cs, wh.Name)
 					if err != nil {
 						return err
@@ -435,15 +459,15 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, 
 				}
 			}
 			base := totals[0]
-			baseP99 := (base.p99s[0] + base.p99s[1]) / 2
+			baseP99 := mean(base.p99s)
 			baseCPU := base.apiCPU / time.Duration(base.n)
 			for i, c := range w.cases {
 				t := totals[i]
 				slices.Sort(t.lat)
-				p99 := (t.p99s[0] + t.p99s[1]) / 2
+				p99 := mean(t.p99s)
 				cpu := t.apiCPU / time.Duration(t.n)
 				fmt.Printf("  %-52s %6d requests, %5.0f/s, p50 %-9s p99 %-9s (%.2fx), API server CPU %6.3f ms/request (%.2fx), webhook CPU %.3f ms/request, webhook calls %.0f\n",
-					c.name, t.n, float64(t.n)/(2*d.Seconds()), pct(t.lat, 50).Round(time.Microsecond), p99.Round(time.Microsecond),
+					c.name, t.n, float64(t.n)/(float64(rounds)*d.Seconds()), pct(t.lat, 50).Round(time.Microsecond), p99.Round(time.Microsecond),
 					float64(p99)/float64(baseP99), float64(cpu.Microseconds())/1000, float64(cpu)/float64(baseCPU),
 					float64((t.webhookCPU/time.Duration(t.n)).Microseconds())/1000, t.calls)
 			}
@@ -482,23 +506,6 @@ func drive(clients int, d time.Duration, do func(client int) error) (int, []time
 	}
 	slices.Sort(lat)
 	return len(lat), lat, nil
-}
-
-// cpuTime returns the user and system CPU time process pid has used, from
-// /proc/<pid>/stat (in clock ticks of 10 ms); zero when it cannot be read.
-func cpuTime(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	st := string(b)
-	f := strings.Fields(st[strings.LastIndexByte(st, ')')+2:])
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // children returns the PIDs of this process's children running the named

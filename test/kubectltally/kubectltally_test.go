@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -281,6 +282,20 @@ func TestExplainAndDoctor(t *testing.T) {
 				}
 				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
 				mwc.Webhooks[0].ClientConfig.CABundle = goodBundle
+				require.NoError(t, env.Client.Update(ctx, &mwc))
+			}
+		}},
+		{"a match condition of an older release", "webhook registration", func(t *testing.T) func() {
+			var mwc admissionregistrationv1.MutatingWebhookConfiguration
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+			good := mwc.Webhooks[0].MatchConditions
+			mwc.Webhooks[0].MatchConditions = slices.DeleteFunc(slices.Clone(good), func(c admissionregistrationv1.MatchCondition) bool {
+				return c.Name == mutate.ChangeConditionName
+			})
+			require.NoError(t, env.Client.Update(ctx, &mwc))
+			return func() {
+				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+				mwc.Webhooks[0].MatchConditions = good
 				require.NoError(t, env.Client.Update(ctx, &mwc))
 			}
 		}},

@@ -5,18 +5,24 @@ package webhook
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -578,4 +584,72 @@ func TestStampedPodsAreAdmittedWithoutACall(t *testing.T) {
 	}
 	assert.Equal(t, 1.0, calls(dropped), "an update that drops the identity must be sent")
 	assert.Equal(t, "pool-a", forged.Labels[keys.ParentName])
+}
+
+// TestReinvocationAfterAnotherWebhookIsSkipped: a mutating webhook that
+// runs after tally's and adds an annotation (a sidecar injector) makes the
+// API server reinvoke tally (reinvocationPolicy IfNeeded); the pod then
+// carries exactly what tally stamped, so the match conditions skip that
+// second call.
+func TestReinvocationAfterAnotherWebhookIsSkipped(t *testing.T) {
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "webhook-", Labels: map[string]string{"tally-test/sidecar": "inject"}}}
+	require.NoError(t, env.Client.Create(ctx, ns))
+	uid := createPool(t, ns.Name, "pool-a")
+
+	pair, err := verifying.ca.Issue([]string{"127.0.0.1"}, time.Hour)
+	require.NoError(t, err)
+	cert, err := tls.X509KeyPair(pair.CertPEM, pair.KeyPEM)
+	require.NoError(t, err)
+	var injected atomic.Int32
+	sidecar := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var review admissionv1.AdmissionReview
+		if err := json.NewDecoder(r.Body).Decode(&review); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var pod corev1.Pod
+		_ = json.Unmarshal(review.Request.Object.Raw, &pod)
+		resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: true}
+		if _, done := pod.Annotations["example.com/sidecar"]; !done {
+			injected.Add(1)
+			resp.PatchType = ptr.To(admissionv1.PatchTypeJSONPatch)
+			resp.Patch = []byte(`[{"op":"add","path":"/metadata/annotations/example.com~1sidecar","value":"injected"}]`)
+		}
+		review.Response, review.Request = resp, nil
+		_ = json.NewEncoder(w).Encode(review)
+	}))
+	sidecar.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	sidecar.StartTLS()
+	defer sidecar.Close()
+	sideEffects := admissionregistrationv1.SideEffectClassNone
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
+		// Named after tally's, so the API server calls it second.
+		ObjectMeta: metav1.ObjectMeta{Name: "zz-sidecar-injector"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name:                    "sidecar.example.com",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To(sidecar.URL), CABundle: verifying.ca.CertPEM},
+			AdmissionReviewVersions: []string{"v1"},
+			SideEffects:             &sideEffects,
+			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: ns.Labels},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+			}},
+		}},
+	}
+	require.NoError(t, env.Client.Create(ctx, mwc))
+	defer func() { _ = env.Client.Delete(ctx, mwc) }()
+	// The API server picks registrations up asynchronously.
+	require.Eventually(t, func() bool {
+		probe := builder.Pod(ns.Name, fmt.Sprintf("probe-%d", time.Now().UnixNano())).Build()
+		return env.Client.Create(ctx, probe) == nil && probe.Annotations["example.com/sidecar"] != ""
+	}, 10*time.Second, 100*time.Millisecond)
+
+	before := admissions(t)
+	pod := builder.Pod(ns.Name, "p").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	require.NoError(t, env.Client.Create(ctx, pod))
+	assert.Equal(t, "injected", pod.Annotations["example.com/sidecar"])
+	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])
+	assert.Equal(t, 1.0, admissions(t)-before, "tally was called again after the sidecar injector changed the pod")
 }
