@@ -615,6 +615,9 @@ func TestReinvocationAfterAnotherWebhookIsSkipped(t *testing.T) {
 			injected.Add(1)
 			resp.PatchType = ptr.To(admissionv1.PatchTypeJSONPatch)
 			resp.Patch = []byte(`[{"op":"add","path":"/metadata/annotations/example.com~1sidecar","value":"injected"}]`)
+			if pod.Annotations == nil {
+				resp.Patch = []byte(`[{"op":"add","path":"/metadata/annotations","value":{"example.com/sidecar":"injected"}}]`)
+			}
 		}
 		review.Response, review.Request = resp, nil
 		_ = json.NewEncoder(w).Encode(review)
