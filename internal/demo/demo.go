@@ -84,10 +84,10 @@ type Options struct {
 
 // Demo is a running demo system.
 type Demo struct {
-	opts       Options
-	cfg        *config.Config
-	env        *framework.Env
-	client     client.Client
+	opts   Options
+	cfg    *config.Config
+	env    *framework.Env
+	client client.Client
 	// restConfig reaches the API server as an administrator, in every mode.
 	restConfig *rest.Config
 	kubeconfig string
