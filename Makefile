@@ -86,6 +86,12 @@ $(NODE_BINARIES):
 	@mkdir -p $(ENVTEST_DIR)
 	cd hack/envtest && go build -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 
+.PHONY: kubectl
+kubectl: $(BIN)/kubectl ## Build kubectl from the Go module proxy: bin/kubectl (for watching the demo, the Kopf example).
+
+$(BIN)/kubectl: $(ENVTEST_DIR)/kubectl
+	ln -sf k8s/$(KUBERNETES_VERSION)/kubectl $@
+
 .PHONY: cluster-binaries
 cluster-binaries: envtest-assets $(NODE_BINARIES) ## Build the node's binaries (kubelet, kube-proxy, ...) beside kube-apiserver.
 
@@ -148,12 +154,13 @@ test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) ## Run unit tests, fuzz seed c
 
 .PHONY: demo
 demo: build envtest-assets $(HELM) $(if $(filter real,$(DEMO_CLUSTER)),$(CLUSTER) cluster-binaries cluster-images) ## Run tally on a local control plane and drive the scale-down scenario (DEMO_DURATION, default 60s; DEMO_CLUSTER=real: on a one-node cluster, root only).
-	@echo ">> running the demo (kubeconfig, certificates and logs in .demo/)"
+	go build -o $(BIN)/tally-demo ./cmd/tally-demo
+	@echo ">> running the demo (kubeconfig, certificates and logs in .demo/; Ctrl-C stops it cleanly)"
 	@if [ "$(DEMO_CLUSTER)" = real ]; then \
 		trap 'rc=$$?; $(CLUSTER_DOWN) || rc=1; exit $$rc' EXIT; \
-		$(CLUSTER_UP) && go run ./cmd/tally-demo --duration $(DEMO_DURATION) --cluster $(CLUSTER_DIR); \
+		$(CLUSTER_UP) && $(BIN)/tally-demo --duration $(DEMO_DURATION) --cluster $(CLUSTER_DIR); \
 	else \
-		go run ./cmd/tally-demo --duration $(DEMO_DURATION); \
+		$(BIN)/tally-demo --duration $(DEMO_DURATION); \
 	fi
 
 .PHONY: fuzz

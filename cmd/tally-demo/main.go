@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,15 +40,42 @@ func main() {
 	flag.StringVar(&opts.ConfigFile, "config", "examples/workerpool/config.yaml", "tally configuration file.")
 	clusterDir := flag.String("cluster", "", "State directory of a one-node cluster (make cluster-up): install the chart and the example operator there and run the scenario on real pods (make demo DEMO_CLUSTER=real).")
 	flag.Parse()
-	if err := run(opts, *clusterDir); err != nil {
+	ctx, interrupted := interruptible()
+	err := run(ctx, opts, *clusterDir)
+	if sig := interrupted(); sig != nil {
+		// Interrupting the demo is normal use: what it started is stopped
+		// by now (run's deferred calls), and the exit status is the
+		// shell's convention for a command ended by sig.
+		fmt.Fprintf(os.Stderr, "tally-demo: %s: the scenario was interrupted before its verdict; everything the demo started has been stopped\n", sig)
+		os.Exit(128 + int(sig.(syscall.Signal)))
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "tally-demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(opts demo.Options, clusterDir string) (err error) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+// interruptible returns a context canceled on the first SIGINT or SIGTERM,
+// and a func that tells which of them came, if one did. A second signal
+// ends the process at once, as it would without the demo's handling.
+func interruptible() (context.Context, func() os.Signal) {
+	ctx, cancel := context.WithCancel(context.Background())
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	var got atomic.Value
+	go func() {
+		sig := <-signals
+		got.Store(sig)
+		signal.Stop(signals)
+		cancel()
+	}()
+	return ctx, func() os.Signal {
+		sig, _ := got.Load().(os.Signal)
+		return sig
+	}
+}
+
+func run(ctx context.Context, opts demo.Options, clusterDir string) (err error) {
 	fmt.Printf("demo: seed %d, scenario of %s\n", opts.Seed, opts.Duration)
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return err

@@ -4,9 +4,15 @@
 package e2e
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -74,4 +80,56 @@ func TestDemoScenario(t *testing.T) {
 		err := syscall.Kill(pid, 0)
 		assert.True(t, errors.Is(err, syscall.ESRCH), "process %d is still running", pid)
 	}
+}
+
+// TestInterruptStopsCleanly: Ctrl-C during the scenario is normal use. The
+// demo stops everything it started, says it was interrupted, and exits with
+// the shell's status for SIGINT (130), not with an error.
+func TestInterruptStopsCleanly(t *testing.T) {
+	bin := buildBinaries(t)
+	require.NoError(t, framework.BuildBinaries(bin, "tally-demo"))
+	dir := t.TempDir()
+	cmd := exec.Command(filepath.Join(bin, "tally-demo"), "--duration", "60s", "--dir", dir, "--bin", bin,
+		"--config", framework.Path("examples", "workerpool", "config.yaml"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	var out strings.Builder
+	scanner := bufio.NewScanner(stdout)
+	for scanner.Scan() && !strings.Contains(scanner.Text(), "creating WorkerPool") {
+		out.WriteString(scanner.Text() + "\n")
+	}
+	require.Contains(t, scanner.Text(), "creating WorkerPool", "the scenario never started:\n%s%s", out.String(), stderr.String())
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	rest, _ := io.ReadAll(stdout)
+	out.Write(rest)
+	err = cmd.Wait()
+
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "output:\n%s%s", out.String(), stderr.String())
+	assert.Equal(t, 130, exit.ExitCode())
+	assert.Contains(t, stderr.String(), "interrupt: the scenario was interrupted before its verdict; everything the demo started has been stopped")
+	assert.NotContains(t, stderr.String(), "context canceled")
+	assert.Contains(t, out.String(), "demo: stopping the operator, the aggregator, the webhook and the control plane")
+	assert.Empty(t, processesNaming(t, dir), "processes the demo started still run")
+}
+
+// processesNaming returns the command lines of running processes that name
+// path.
+func processesNaming(t *testing.T, path string) []string {
+	t.Helper()
+	cmdlines, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	require.NoError(t, err)
+	var found []string
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		if err == nil && bytes.Contains(b, []byte(path)) {
+			found = append(found, string(bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
+		}
+	}
+	return found
 }
