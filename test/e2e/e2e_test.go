@@ -103,7 +103,10 @@ func TestInterruptStopsCleanly(t *testing.T) {
 	for scanner.Scan() && !strings.Contains(scanner.Text(), "creating WorkerPool") {
 		out.WriteString(scanner.Text() + "\n")
 	}
-	require.Contains(t, scanner.Text(), "creating WorkerPool", "the scenario never started:\n%s%s", out.String(), stderr.String())
+	if !strings.Contains(scanner.Text(), "creating WorkerPool") {
+		_ = cmd.Wait()
+		t.Fatalf("the scenario never started:\n%s%s", out.String(), stderr.String())
+	}
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	rest, _ := io.ReadAll(stdout)
 	out.Write(rest)
