@@ -40,6 +40,10 @@ core: kubernetes.client.CoreV1Api
 # pool keeps two of them from creating the same missing pods.
 pool_locks: dict = collections.defaultdict(threading.Lock)
 
+# The pools whose exhausted restart budget was reported: the event is posted
+# once when the budget runs out, not on every timer run.
+budget_reported: set = set()
+
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_):
@@ -54,6 +58,10 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_):
     # every change): keep it in annotations instead.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.example.tally.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.example.tally.dev")
+    # Post what a person needs to see: the operator's own events (kopf.event
+    # is posted at any level) and warnings, not one "Timer 'reconcile'
+    # succeeded." every five seconds.
+    settings.posting.level = logging.WARNING
     logger.info("Configured: counts come from tally, handler progress lives in annotations")
 
 
@@ -139,21 +147,23 @@ def scale(body, replicas: int, completing: int, name: str, namespace: str, uid: 
         surplus = live[replicas:]
         for pod in surplus:
             mark_for_completion(pod)
-        kopf.info(body, reason="ScalingDown",
-                  message=f"asked {len(surplus)} pods to complete; tally shows them in status.completing")
+        kopf.event(body, type="Normal", reason="ScalingDown",
+                   message=f"asked {len(surplus)} pods to complete; tally shows them in status.completing")
     elif len(live) < replicas:
         # Recreate what is missing: pods asked to complete are not live (the
         # pods' own intent says so), and tally's status.completing says how
         # many of them still run, within the surge they may share.
         missing = min(replicas - len(live), replicas + MAX_SURGE - len(live) - completing)
         if missing > 0 and not may_replace:
-            kopf.warn(body, reason="RestartBudgetExhausted",
-                      message=f"{RESTART_BUDGET} pods exited unexpectedly (status.unexpectedTotal): not replacing them")
+            if uid not in budget_reported:
+                budget_reported.add(uid)
+                kopf.warn(body, reason="RestartBudgetExhausted",
+                          message=f"{RESTART_BUDGET} pods exited unexpectedly (status.unexpectedTotal): not replacing them")
             return
         for _ in range(missing):
             core.create_namespaced_pod(namespace, new_pod(body, name))
         if missing > 0:
-            kopf.info(body, reason="ScalingUp", message=f"created {missing} pods ({completing} still completing)")
+            kopf.event(body, type="Normal", reason="ScalingUp", message=f"created {missing} pods ({completing} still completing)")
 
 
 def exited_worker(body, **_) -> bool:
