@@ -564,23 +564,3 @@ func webhookHistogram(ctx context.Context, cs kubernetes.Interface, name string)
 	}
 	return h, sc.Err()
 }
-
-// quantile estimates the q-quantile of the observations between before and
-// h: the upper bound of the bucket it falls in.
-func (h histogram) quantile(before histogram, q float64) string {
-	var bounds []float64
-	for le := range h {
-		bounds = append(bounds, le)
-	}
-	slices.Sort(bounds)
-	if len(bounds) == 0 {
-		return "n/a"
-	}
-	total := h[bounds[len(bounds)-1]] - before[bounds[len(bounds)-1]]
-	for _, le := range bounds {
-		if h[le]-before[le] >= q*total {
-			return fmt.Sprintf("<= %gms", le*1000)
-		}
-	}
-	return "n/a"
-}

@@ -138,7 +138,8 @@ func TestCRDDeclaresMappedFields(t *testing.T) {
 // TestOperatorRunsWithTally runs the example with Kopf against the demo's
 // control plane: a pool of 4 is created, scaled to 1; tally shows the 3
 // surplus pods as completing, then none once they exited and the operator
-// deleted them.
+// deleted them; the pool's events are the operator's, not one per timer
+// run.
 func TestOperatorRunsWithTally(t *testing.T) {
 	if out, err := python("-c", "import kopf, kubernetes").CombinedOutput(); err != nil {
 		t.Skipf("NOT RUN: Python cannot import kopf and kubernetes (%v: %s); set KOPF_PYTHON and KOPF_PATH as examples/kopf/README.md says to run the operator", err, bytes.TrimSpace(out))
@@ -200,4 +201,19 @@ func TestOperatorRunsWithTally(t *testing.T) {
 	require.NoError(t, c.List(ctx, &pods, client.InNamespace(ns)))
 	require.Len(t, pods.Items, 1)
 	assert.NotContains(t, pods.Items[0].Annotations, keys.CompletionIntent)
+
+	// The pool's events are what a person needs to see: the operator's
+	// scaling, not Kopf's "Timer 'reconcile' succeeded." on every run.
+	time.Sleep(12 * time.Second) // two more runs of the timer
+	var events corev1.EventList
+	require.NoError(t, c.List(ctx, &events, client.InNamespace(ns)))
+	reasons := map[string]bool{}
+	for _, e := range events.Items {
+		if e.InvolvedObject.UID != pool.GetUID() {
+			continue
+		}
+		reasons[e.Reason] = true
+		assert.NotContains(t, e.Message, "succeeded", "Kopf posted a handler's success as an event: %s %s", e.Reason, e.Message)
+	}
+	assert.True(t, reasons["ScalingUp"] && reasons["ScalingDown"], "the operator's own events are missing: %v", reasons)
 }
