@@ -1,0 +1,29 @@
+package app
+
+import (
+	"context"
+	"strings"
+)
+
+// configCheck reads tally's configuration (the chart's ConfigMap, or --config),
+// which the checks after it follow.
+type configCheck struct{}
+
+func (configCheck) name() string { return "config" }
+
+func (c configCheck) run(ctx context.Context, d *doctor) Check {
+	cfg, err := d.config(ctx, d.cs)
+	if err != nil {
+		return fail(c.name(), "install the chart, or name its release with --release and --tally-namespace", "%v", err)
+	}
+	var kinds []string
+	for _, p := range cfg.Parents {
+		kinds = append(kinds, p.GroupKind().String())
+	}
+	from := d.configFile
+	if from == "" {
+		from = "ConfigMap " + d.tallyNamespace + "/" + d.configMapName()
+	}
+	d.cfg = cfg
+	return ok(c.name(), "%s: parent kinds %s, verifyOwner %t", from, strings.Join(kinds, ", "), cfg.VerifyOwner)
+}

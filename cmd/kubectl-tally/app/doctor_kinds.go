@@ -1,0 +1,99 @@
+package app
+
+import (
+	"context"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"tally.dev/tally/pkg/config"
+)
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// kindCheck checks that a parent kind is served, has a status subresource,
+// and (for a custom resource) declares every mapped field.
+type kindCheck struct{ parent config.Parent }
+
+func (c kindCheck) name() string { return "parent kind " + c.parent.GroupKind().String() }
+
+func (c kindCheck) run(ctx context.Context, d *doctor) Check {
+	name, p := c.name(), c.parent
+	gv := schema.GroupVersion{Group: p.Group, Version: p.Version}.String()
+	resources, err := d.cs.Discovery().ServerResourcesForGroupVersion(gv)
+	if err != nil {
+		return fail(name, "install the kind's CRD", "%s is not served: %v", gv, err)
+	}
+	var resource string
+	status := false
+	for _, r := range resources.APIResources {
+		if r.Kind == p.Kind && !strings.Contains(r.Name, "/") {
+			resource = r.Name
+		}
+	}
+	for _, r := range resources.APIResources {
+		if resource != "" && r.Name == resource+"/status" {
+			status = true
+		}
+	}
+	switch {
+	case resource == "":
+		return fail(name, "install the kind's CRD, or fix parents in the chart's values", "%s serves no kind %s", gv, p.Kind)
+	case !status:
+		return fail(name, "add `subresources: {status: {}}` to the CRD's version "+p.Version, "%s has no status subresource: tally writes counts only there", resource)
+	}
+	crd, err := d.dyn.Resource(crdGVR).Get(ctx, resource+"."+p.Group, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return ok(name, "%s served with a status subresource (built in: no CRD schema to check)", resource)
+	}
+	if err != nil {
+		return fail(name, "", "reading CRD %s.%s: %v", resource, p.Group, err)
+	}
+	var missing []string
+	for _, f := range p.Fields() {
+		if !declared(crd, p.Version, f.Path) {
+			missing = append(missing, strings.Join(f.Path, "."))
+		}
+	}
+	if p.Tracked() {
+		for _, list := range []string{"completed", "unexpected"} {
+			if path := append(p.LedgerPath(), list); !declared(crd, p.Version, path) {
+				missing = append(missing, strings.Join(path, "."))
+			}
+		}
+	}
+	if len(missing) > 0 {
+		return fail(name, "declare them in the CRD's openAPIV3Schema for version "+p.Version+" (counts and totals as integers, the ledger's lists as arrays of strings), or unmap them",
+			"the CRD does not declare %s: the API server prunes what tally writes there", strings.Join(missing, ", "))
+	}
+	return ok(name, "%s served with a status subresource; the CRD declares every mapped field", resource)
+}
+
+// declared reports whether the CRD's schema for version declares path (or
+// keeps unknown fields on the way).
+func declared(crd *unstructured.Unstructured, version string, path []string) bool {
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	for _, v := range versions {
+		vm, _ := v.(map[string]any)
+		if vm["name"] != version {
+			continue
+		}
+		schemaAt, _, _ := unstructured.NestedMap(vm, "schema", "openAPIV3Schema")
+		for _, step := range path {
+			if keep, _ := schemaAt["x-kubernetes-preserve-unknown-fields"].(bool); keep {
+				return true
+			}
+			props, _ := schemaAt["properties"].(map[string]any)
+			next, found := props[step].(map[string]any)
+			if !found {
+				return false
+			}
+			schemaAt = next
+		}
+		return true
+	}
+	return false
+}
