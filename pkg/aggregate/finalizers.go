@@ -1,0 +1,90 @@
+package aggregate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"tally.dev/tally/pkg/keys"
+)
+
+// ReleasePatch is the strategic merge patch that removes the tracking
+// finalizer from a pod wherever it is in the list, and changes nothing when
+// it is gone already (the Job controller removes its own the same way).
+var ReleasePatch = []byte(`{"metadata":{"$deleteFromPrimitiveList/finalizers":["` + keys.TrackingFinalizer + `"]}}`)
+
+var releasePatch = client.RawPatch(types.StrategicMergePatchType, ReleasePatch)
+
+// trackPatch adds the tracking finalizer, with the resourceVersion the
+// decision was made on as a precondition: a pod that finished since, and may
+// have been recorded and released already, is never given it again.
+func trackPatch(resourceVersion string) client.Patch {
+	rv, _ := json.Marshal(resourceVersion) // a string always encodes
+	return client.RawPatch(types.StrategicMergePatchType,
+		[]byte(`{"metadata":{"finalizers":["`+keys.TrackingFinalizer+`"],"resourceVersion":`+string(rv)+`}}`))
+}
+
+// patchConcurrency bounds the pod patches one reconcile sends at once.
+const patchConcurrency = 8
+
+// releaseAll removes the tracking finalizer from pods, counting each under
+// action. Pods already gone count as released.
+func (r *Reconciler) releaseAll(ctx context.Context, parent types.UID, pods []*Pod, action string) error {
+	counter := trackingFinalizers.WithLabelValues(r.kind, action)
+	return forEach(ctx, pods, func(ctx context.Context, p *Pod) error {
+		err := r.Writer.Patch(ctx, podMeta(p.Namespace, p.Name), releasePatch, client.FieldOwner(FieldManager))
+		switch {
+		case err == nil, apierrors.IsNotFound(err):
+			counter.Inc()
+			if parent != "" {
+				r.releases.add(parent, p.UID)
+			}
+			return nil
+		}
+		return fmt.Errorf("removing the finalizer %s of pod %s/%s: %w", keys.TrackingFinalizer, p.Namespace, p.Name, err)
+	})
+}
+
+// trackAll adds the tracking finalizer to pods that have not finished, as
+// the cache shows them: pods admitted before their kind kept totals, or
+// whose finalizer another client's write dropped (it is restored). A pod
+// that changed since is left to the next reconcile; a refusal is logged and
+// counted, and the pod stays untracked (its finish is not counted).
+func (r *Reconciler) trackAll(ctx context.Context, pods []*Pod) error {
+	counter := trackingFinalizers.WithLabelValues(r.kind, "added")
+	return forEach(ctx, pods, func(ctx context.Context, p *Pod) error {
+		err := r.Writer.Patch(ctx, podMeta(p.Namespace, p.Name), trackPatch(p.ResourceVersion), client.FieldOwner(FieldManager))
+		switch {
+		case err == nil:
+			counter.Inc()
+			return nil
+		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+			// Gone or changed: its own event brings it back.
+			return nil
+		case strings.Contains(err.Error(), "no new finalizers can be added if the object is being deleted"):
+			// Being deleted since the cache showed it.
+			return nil
+		case apierrors.IsInvalid(err), apierrors.IsForbidden(err):
+			trackErrors.WithLabelValues(r.kind).Inc()
+			log.FromContext(ctx).Error(err, "The API server refused the tracking finalizer: this pod's finish will not be counted in the totals", "pod", p.Namespace+"/"+p.Name)
+			return nil
+		}
+		return fmt.Errorf("adding the finalizer %s to pod %s/%s: %w", keys.TrackingFinalizer, p.Namespace, p.Name, err)
+	})
+}
+
+func forEach(ctx context.Context, pods []*Pod, f func(context.Context, *Pod) error) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(patchConcurrency)
+	for _, p := range pods {
+		g.Go(func() error { return f(ctx, p) })
+	}
+	return g.Wait()
+}

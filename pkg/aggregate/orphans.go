@@ -1,0 +1,80 @@
+package aggregate
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"tally.dev/tally/pkg/mutate"
+)
+
+// OwnerIndex names the pod informer's index of the pods carrying the
+// tracking finalizer, by "<namespace>/<controller name>": it finds the pods
+// of a parent that is gone, whose UID is no longer known.
+const OwnerIndex = "tally.dev/tracking-owner"
+
+func indexTrackingOwner(obj any) ([]string, error) {
+	if p, ok := obj.(*Pod); ok && p.Tracking && p.Controller.Name != "" {
+		return []string{p.Namespace + "/" + p.Controller.Name}, nil
+	}
+	return nil, nil
+}
+
+// releaseOrphans removes the tracking finalizer from the pods of a parent of
+// this kind named name that is gone (current is the UID of the parent that
+// exists under that name, "" when none). At most PodBatch are released at
+// once; the parent is requeued for the others.
+func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedName, current types.UID) (reconcile.Result, error) {
+	orphans, err := r.orphans(ctx, name, current)
+	if err != nil || len(orphans) == 0 || !r.mayWrite() {
+		return reconcile.Result{}, err
+	}
+	return r.releaseBatch(ctx, orphans, "orphaned")
+}
+
+// releaseBatch releases at most PodBatch of pods, none of them recorded, and
+// asks for the parent to be reconciled again when some are left.
+func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, action string) (reconcile.Result, error) {
+	if len(pods) > PodBatch {
+		return reconcile.Result{RequeueAfter: foldRequeue}, r.releaseAll(ctx, "", pods[:PodBatch], action)
+	}
+	return reconcile.Result{}, r.releaseAll(ctx, "", pods, action)
+}
+
+// orphans returns the cached pods carrying the finalizer whose controller
+// is a parent of this kind named name that does not exist with their
+// controller's UID (current is the UID the cache shows, "" when none). It
+// confirms with the API server before it answers: a parent the cache does
+// not show yet must not lose its pods' finalizers.
+func (r *Reconciler) orphans(ctx context.Context, name types.NamespacedName, current types.UID) ([]*Pod, error) {
+	objs, err := r.Pods.ByIndex(OwnerIndex, name.Namespace+"/"+name.Name)
+	if err != nil {
+		return nil, fmt.Errorf("listing the tracked pods of %s: %w", name, err)
+	}
+	var candidates []*Pod
+	for _, obj := range objs {
+		if p, ok := obj.(*Pod); ok && p.Tracking && p.Controller.Kind == r.gvk.GroupKind() && p.Controller.UID != current {
+			candidates = append(candidates, p)
+		}
+	}
+	if len(candidates) == 0 {
+		return nil, nil
+	}
+	live := mutate.PartialMetadata(r.gvk)
+	switch err := r.Live.Get(ctx, name, live); {
+	case apierrors.IsNotFound(err):
+		return candidates, nil
+	case err != nil:
+		return nil, fmt.Errorf("confirming that %s %s is gone: %w", r.kind, name, err)
+	}
+	out := candidates[:0]
+	for _, p := range candidates {
+		if p.Controller.UID != live.GetUID() {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,40 @@
+package aggregate
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+// parentOf maps a pod to the parent of this reconciler's kind that controls
+// it, and records the change as pending.
+func (r *Reconciler) parentOf(_ context.Context, obj client.Object) []reconcile.Request {
+	pod, ok := obj.(*Pod)
+	if !ok || pod.Controller.Kind != r.gvk.GroupKind() {
+		return nil
+	}
+	return r.pendingRequest(types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name})
+}
+
+// self maps a parent to itself, and records the change as pending.
+func (r *Reconciler) self(_ context.Context, obj client.Object) []reconcile.Request {
+	return r.pendingRequest(client.ObjectKeyFromObject(obj))
+}
+
+// enqueue has the parent of pod reconciled: pod was read by a sweep, or is
+// gone before its stamp.
+func (r *Reconciler) enqueue(pod *Pod) {
+	if q := r.queue.Load(); q != nil {
+		for _, req := range r.pendingRequest(types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}) {
+			(*q).Add(req)
+		}
+	}
+}
+
+func (r *Reconciler) pendingRequest(name types.NamespacedName) []reconcile.Request {
+	changes.seen(parentKey{kind: r.gvk.GroupKind(), name: name}, time.Now())
+	return []reconcile.Request{{NamespacedName: name}}
+}

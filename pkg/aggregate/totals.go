@@ -1,0 +1,117 @@
+package aggregate
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"tally.dev/tally/pkg/servable"
+)
+
+// reconcileTotals writes the counts of a parent whose kind keeps totals,
+// then takes a step of the ledger protocol: decide what to record, release
+// and track (Advance), apply the ledger and the totals in one apply, then
+// write the pods' finalizers, a batch at a time.
+func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.Unstructured, pods []*Pod, counts Counts) (reconcile.Result, error) {
+	book, err := ReadBook(parent.Object, r.ledger, r.totals)
+	if err != nil {
+		r.reportLedger(parent, err)
+		return reconcile.Result{}, fmt.Errorf("reading the ledger of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
+	}
+	// The counts first: they do not wait for the pods read below. The
+	// counts' apply leaves out the totals and the ledger, which would
+	// remove them while the counts' manager still owns them (an
+	// installation of the single-manager layout): they are moved first.
+	if r.countsOwnTotals(parent) {
+		if result, err := r.applyTotals(ctx, parent, &book, true); err != nil || result.RequeueAfter > 0 {
+			return result, err
+		}
+	}
+	if result, err := r.applyCounts(ctx, parent, counts, nil); err != nil || result.RequeueAfter > 0 {
+		return result, err
+	}
+	if !r.totalsServed(ctx) {
+		// The totals stay as they are; Unrecorded releases the pods. Served
+		// again later (a CRD fixed, a schema published): track the running
+		// pods then.
+		after := servable.Interval
+		if p := r.Totals.Problem(r.gvk.GroupKind()); p != nil && p.Unknown {
+			after = servable.RetryUnknown
+		}
+		return reconcile.Result{RequeueAfter: after}, nil
+	}
+	step, released, err := r.decide(ctx, parent, pods, book)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if wait := foldWait(&book, &step, released, time.Now()); wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	if !step.Book.Equal(&book) {
+		if result, err := r.applyTotals(ctx, parent, &step.Book, false); err != nil || result.RequeueAfter > 0 {
+			// The ledger holding the pods to release is not written.
+			return result, err
+		}
+	}
+	r.releases.settle(parent.GetUID(), pods, &book, &step.Book)
+	return r.writeFinalizers(ctx, parent, &step)
+}
+
+// decide takes the ledger protocol's step from the cache, confirming with
+// the API server what the cache cannot tell. It returns the step and the
+// pods this process released, with when.
+func (r *Reconciler) decide(ctx context.Context, parent client.Object, pods []*Pod, book Book) (Step, map[types.UID]time.Time, error) {
+	released := r.releases.of(parent.GetUID())
+	has := func(uid types.UID) bool { _, ok := released[uid]; return ok }
+	step := Advance(pods, book, has, Live{})
+	if !step.Settled() {
+		live, err := r.confirm(ctx, parent, &step)
+		if err != nil {
+			return Step{}, nil, err
+		}
+		step = Advance(pods, book, has, live)
+	}
+	return step, released, nil
+}
+
+// writeFinalizers tracks and releases the pods step names once the ledger
+// holding them is written. The pod writes are bounded per reconcile, the
+// counts written first: a parent with thousands of pods to track (a kind
+// that just opted in to totals) holds a worker for one batch at a time, and
+// its counts and those of the other parents stay current meanwhile.
+func (r *Reconciler) writeFinalizers(ctx context.Context, parent client.Object, step *Step) (reconcile.Result, error) {
+	if !r.mayWrite() {
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	}
+	track, release := batch(step.Track, step.Release)
+	if err := r.trackAll(ctx, track); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.releaseAll(ctx, parent.GetUID(), release, "released"); err != nil {
+		return reconcile.Result{}, err
+	}
+	if len(release) > 0 || len(track) < len(step.Track) || !step.Settled() {
+		// Fold the released pods (the cache may never show a change: a
+		// finalizer that was gone already), and take the next batch.
+		return reconcile.Result{RequeueAfter: foldRequeue}, nil
+	}
+	return reconcile.Result{}, nil
+}
+
+// totalsServed reports whether the API server serves the kind's totals, once
+// they were checked.
+func (r *Reconciler) totalsServed(ctx context.Context) bool {
+	if r.Totals == nil {
+		return true
+	}
+	return r.Totals.Wait(ctx) == nil && r.Totals.Serves(r.gvk.GroupKind())
+}
+
+// foldRequeue is when a parent whose pods were just released is reconciled
+// again to fold them; their watch events usually bring it back sooner.
+const foldRequeue = 200 * time.Millisecond
