@@ -192,13 +192,16 @@ bench-scale: envtest-assets ## Count 150,000 pods (50 namespaces x 30 parents x 
 	go run ./test/bench -scenario install -namespaces 50 -parents-per-namespace 30 -pods 100
 
 .PHONY: lint
-lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
+lint: $(STATICCHECK) ## gofmt, go vet, staticcheck, and no test package in the product.
 	@echo ">> gofmt -l"
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@echo ">> go vet"
 	go vet ./...
 	@echo ">> staticcheck"
 	$(STATICCHECK) ./...
+	@echo ">> the product imports no test package"
+	@out=$$(go list -deps ./cmd/... ./internal/... ./pkg/... ./hack/... ./examples/... | grep '^tally.dev/tally/test' || true); \
+		if [ -n "$$out" ]; then echo "imported by cmd, internal, pkg, hack or examples:"; echo "$$out"; exit 1; fi
 
 $(STATICCHECK):
 	@echo ">> building staticcheck $(STATICCHECK_VERSION)"

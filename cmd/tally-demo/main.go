@@ -126,7 +126,7 @@ func installOnCluster(ctx context.Context, clusterDir, dir string) (*demo.Cluste
 	if err != nil {
 		return nil, err
 	}
-	values, err := demo.WriteClusterValues(dir)
+	values, err := demo.WriteClusterValues(dir, nil)
 	if err != nil {
 		return nil, err
 	}

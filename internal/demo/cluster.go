@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -16,7 +16,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"tally.dev/tally/test/framework"
+	"tally.dev/tally/internal/helm"
+	"tally.dev/tally/internal/repo"
+	"tally.dev/tally/pkg/config"
 )
 
 // The names a cluster installation uses.
@@ -46,40 +48,19 @@ type Cluster struct {
 	WorkerEnv                  []string
 }
 
-// ClusterValues are chart values for the one-node cluster: the example
-// WorkerPool with every count and both totals mapped, certificates from
-// Helm, two replicas of each component, and the image the node imported
-// (never pulled).
-const ClusterValues = `parents:
-  - group: example.tally.dev
-    version: v1
-    kind: WorkerPool
-    resource: workerpools
-    counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected, completedTotal: status.completedTotal, unexpectedTotal: status.unexpectedTotal}
-    ledger: status.tallyLedger
-image:
-  pullPolicy: Never
-certificates:
-  mode: helm
-webhook:
-  replicas: 2
-aggregator:
-  replicas: 2
-`
-
 // Helm runs helm against the cluster.
 func (c *Cluster) Helm(args ...string) (string, error) {
-	return framework.Helm(append(args, "--kubeconfig", c.Kubeconfig)...)
+	return helm.Run(append(args, "--kubeconfig", c.Kubeconfig)...)
 }
 
 // Install applies the WorkerPool CRD, installs the chart (waiting until its
 // Deployments are ready) and runs the example operator.
 func (c *Cluster) Install(ctx context.Context) error {
-	crd, err := os.ReadFile(framework.Path("examples", "workerpool", "crd", "workerpools.yaml"))
+	crd, err := os.ReadFile(repo.Path("examples", "workerpool", "crd", "workerpools.yaml"))
 	if err != nil {
 		return err
 	}
-	objs, err := framework.Objects(string(crd))
+	objs, err := helm.Objects(string(crd))
 	if err != nil {
 		return err
 	}
@@ -88,7 +69,7 @@ func (c *Cluster) Install(ctx context.Context) error {
 			return fmt.Errorf("applying the WorkerPool CRD: %w", err)
 		}
 	}
-	if _, err := c.Helm("install", framework.Release, framework.Path("charts", "tally"), "--namespace", framework.ReleaseNamespace,
+	if _, err := c.Helm("install", helm.Release, helm.Chart(), "--namespace", helm.Namespace,
 		"--create-namespace", "-f", c.Values, "--wait", "--timeout", "3m"); err != nil {
 		return err
 	}
@@ -101,7 +82,7 @@ func (c *Cluster) Uninstall(ctx context.Context) error {
 	if err := client.IgnoreNotFound(c.Client.Delete(ctx, ns)); err != nil {
 		return err
 	}
-	_, err := c.Helm("uninstall", framework.Release, "--namespace", framework.ReleaseNamespace, "--wait", "--timeout", "3m")
+	_, err := c.Helm("uninstall", helm.Release, "--namespace", helm.Namespace, "--wait", "--timeout", "3m")
 	return err
 }
 
@@ -181,8 +162,19 @@ func WaitDeploymentReady(ctx context.Context, c client.Client, ns, name string, 
 	}
 }
 
-// WriteClusterValues writes ClusterValues to dir/values.yaml.
-func WriteClusterValues(dir string) (string, error) {
-	path := filepath.Join(dir, "values.yaml")
-	return path, os.WriteFile(path, []byte(ClusterValues), 0o644)
+// WriteClusterValues writes to dir/values.yaml the chart values for the
+// one-node cluster: the example WorkerPool with counts mapped (every count
+// and both totals when counts is empty), two replicas of each component,
+// the image the node imported (never pulled), and more merged over them. It
+// returns the file's path.
+func WriteClusterValues(dir string, counts []config.Count, more ...map[string]any) (string, error) {
+	if len(counts) == 0 {
+		counts = slices.Concat(config.Counts, config.Totals)
+	}
+	cluster := map[string]any{
+		"image":      map[string]any{"pullPolicy": "Never"},
+		"webhook":    map[string]any{"replicas": 2},
+		"aggregator": map[string]any{"replicas": 2},
+	}
+	return helm.WriteValues(dir, []config.Parent{helm.WorkerPool(counts...)}, append([]map[string]any{cluster}, more...)...)
 }

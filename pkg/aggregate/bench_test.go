@@ -10,12 +10,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
 )
 
 func parentPod(parent string, uid types.UID, i int) *corev1.Pod {
-	b := builder.Pod("ns", fmt.Sprintf("%s-%d", parent, i)).ControlledBy(builder.WorkerPoolGVK, parent, uid).Label(keys.ParentUID, string(uid))
+	b := builder.Pod("ns", fmt.Sprintf("%s-%d", parent, i)).ControlledBy(operator.GVK, parent, uid).Label(keys.ParentUID, string(uid))
 	if i%4 == 0 {
 		b = b.Annotation(keys.CompletionIntent, "scale-down")
 	}
@@ -66,7 +67,7 @@ func BenchmarkCachedPodMemory(b *testing.B) {
 	raw := make([][]byte, n)
 	for i := range raw {
 		pod := builder.RealisticPod(builder.Pod("ns", fmt.Sprintf("pool-a-%05d", i)).
-			ControlledBy(builder.WorkerPoolGVK, "pool-a", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").
+			ControlledBy(operator.GVK, "pool-a", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").
 			Label(keys.ParentUID, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").
 			Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool-a"))
 		pod.UID = types.UID(fmt.Sprintf("9d1f8c1e-0000-4000-8000-%012d", i))

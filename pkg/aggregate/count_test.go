@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -19,7 +20,7 @@ const uid = types.UID("uid-p")
 var reducer = NewReducer([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}})
 
 func member() *builder.PodBuilder {
-	return builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, string(uid))
+	return builder.Pod("ns", "p").ControlledBy(operator.GVK, "pool", uid).Label(keys.ParentUID, string(uid))
 }
 
 func terminating(b *builder.PodBuilder) *corev1.Pod {
@@ -51,12 +52,12 @@ func TestTally(t *testing.T) {
 		{"intent, failed: completed", intent(member()).Phase(corev1.PodFailed).Build(), Counts{Completed: 1}},
 		{"intent, succeeded and terminating: completed", terminating(intent(member()).Phase(corev1.PodSucceeded)), Counts{Completed: 1}},
 		{"label without ownerReference: not counted", builder.Pod("ns", "p").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
-		{"label with another owner's reference: not counted", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "other", "uid-q").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
-		{"non-controller reference: not counted", builder.Pod("ns", "p").OwnedBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
-		{"another parent's pod: not counted", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "other", "uid-q").Label(keys.ParentUID, "uid-q").Build(), Counts{}},
-		{"controller ref to the parent, no label: counted as the sweep stamps it", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Build(), Counts{Active: 1}},
-		{"controller ref to the parent, another parent's label: counted as the sweep corrects it", builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, "uid-q").Build(), Counts{Active: 1}},
-		{"another namespace, same controller UID: not counted", builder.Pod("other-ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
+		{"label with another owner's reference: not counted", builder.Pod("ns", "p").ControlledBy(operator.GVK, "other", "uid-q").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
+		{"non-controller reference: not counted", builder.Pod("ns", "p").OwnedBy(operator.GVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
+		{"another parent's pod: not counted", builder.Pod("ns", "p").ControlledBy(operator.GVK, "other", "uid-q").Label(keys.ParentUID, "uid-q").Build(), Counts{}},
+		{"controller ref to the parent, no label: counted as the sweep stamps it", builder.Pod("ns", "p").ControlledBy(operator.GVK, "pool", uid).Build(), Counts{Active: 1}},
+		{"controller ref to the parent, another parent's label: counted as the sweep corrects it", builder.Pod("ns", "p").ControlledBy(operator.GVK, "pool", uid).Label(keys.ParentUID, "uid-q").Build(), Counts{Active: 1}},
+		{"another namespace, same controller UID: not counted", builder.Pod("other-ns", "p").ControlledBy(operator.GVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,7 +87,7 @@ func TestTallySums(t *testing.T) {
 
 func TestMisstamped(t *testing.T) {
 	pool := func() *builder.PodBuilder {
-		return builder.Pod("ns", "p").ControlledBy(builder.WorkerPoolGVK, "pool", uid)
+		return builder.Pod("ns", "p").ControlledBy(operator.GVK, "pool", uid)
 	}
 	stamped := func() *builder.PodBuilder {
 		return pool().Label(keys.ParentUID, string(uid)).Label(keys.ParentName, "pool").Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool")

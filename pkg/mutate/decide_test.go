@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/keys"
@@ -22,7 +23,7 @@ import (
 )
 
 var (
-	pool    = builder.WorkerPoolGVK
+	pool    = operator.GVK
 	rcGVK   = schema.GroupVersionKind{Version: "v1", Kind: "ReplicationController"}
 	jobGVK  = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"}
 	now     = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)

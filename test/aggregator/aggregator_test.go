@@ -26,10 +26,10 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
-	"tally.dev/tally/test/builder"
 )
 
 var (
@@ -63,8 +63,8 @@ func TestFirstWriteIsTheTruth(t *testing.T) {
 	uids := map[string]types.UID{}
 	var pods []*corev1.Pod
 	for _, name := range names {
-		uids[name] = createParent(t, builder.WorkerPoolGVK, ns, name)
-		pods = append(pods, mixedPods(builder.WorkerPoolGVK, ns, name, uids[name], 500)...)
+		uids[name] = createParent(t, operator.GVK, ns, name)
+		pods = append(pods, mixedPods(operator.GVK, ns, name, uids[name], 500)...)
 	}
 	createAll(t, pods)
 	// Phases are status: set them as the kubelet would.
@@ -104,7 +104,7 @@ func TestFirstWriteIsTheTruth(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, name := range names {
-		want := truth(t, ns, uids[name])
+		want := listTruth(t, ns, uids[name])
 		require.NotEmpty(t, written[name], name)
 		assert.Equal(t, want, written[name][0], "first status written for %s", name)
 		for i, got := range written[name] {
@@ -120,7 +120,7 @@ func TestOnePodWatchForAllKinds(t *testing.T) {
 	cfg, requests := counting()
 	startAggregator(t, []config.Parent{workerPools, parentOf(batchPoolGVK, twoCounts), parentOf(shardSetGVK, twoCounts)}, cfg)
 
-	for _, gvk := range []schema.GroupVersionKind{builder.WorkerPoolGVK, batchPoolGVK, shardSetGVK} {
+	for _, gvk := range []schema.GroupVersionKind{operator.GVK, batchPoolGVK, shardSetGVK} {
 		uid := createParent(t, gvk, ns, "parent")
 		createAll(t, mixedPods(gvk, ns, "parent", uid, 6)[:6])
 		want := map[config.Count]int64{config.Completing: 2, config.Active: 4}
@@ -141,8 +141,8 @@ func TestOnePodWatchForAllKinds(t *testing.T) {
 func TestFieldOwnership(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
-	uid := createParent(t, builder.WorkerPoolGVK, ns, "pool")
-	createAll(t, mixedPods(builder.WorkerPoolGVK, ns, "pool", uid, 9))
+	uid := createParent(t, operator.GVK, ns, "pool")
+	createAll(t, mixedPods(operator.GVK, ns, "pool", uid, 9))
 	operatorStatus := func(status map[string]any, opts ...client.SubResourceApplyOption) error {
 		u := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "example.tally.dev/v1", "kind": "WorkerPool",
@@ -163,7 +163,7 @@ func TestFieldOwnership(t *testing.T) {
 	require.NoError(t, operatorStatus(map[string]any{"completing": int64(99)}, client.FieldOwner("intruder"), client.ForceOwnership))
 	converges(t, ns, "pool", uid)
 
-	pool := builder.WorkerPool(ns, "pool", 0)
+	pool := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
 	gen, _, _ := unstructured.NestedInt64(pool.Object, "status", "observedGeneration")
 	assert.Equal(t, int64(7), gen)
@@ -184,8 +184,8 @@ func TestFieldOwnership(t *testing.T) {
 func TestRestartConvergesAndIdleReconcileSendsNothing(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
-	uid := createParent(t, builder.WorkerPoolGVK, ns, "pool")
-	pods := mixedPods(builder.WorkerPoolGVK, ns, "pool", uid, 30)
+	uid := createParent(t, operator.GVK, ns, "pool")
+	pods := mixedPods(operator.GVK, ns, "pool", uid, 30)
 	createAll(t, pods)
 
 	first := startAggregator(t, []config.Parent{workerPools}, nil)
@@ -221,7 +221,7 @@ func TestRestartConvergesAndIdleReconcileSendsNothing(t *testing.T) {
 	// Touch the parent: its reconcile finds every value right.
 	before := counter(t, "tally_aggregator_reconciles_total", "WorkerPool.example.tally.dev")
 	writes := requests.matching("PATCH", "/status")
-	pool := builder.WorkerPool(ns, "pool", 0)
+	pool := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
 	pool.SetLabels(map[string]string{"touched": "yes"})
 	require.NoError(t, env.Client.Update(ctx, pool))
@@ -244,8 +244,8 @@ func TestParentKindProblems(t *testing.T) {
 		{Group: "test.tally.dev", Version: "v1", Kind: "Ghost", Counts: config.DefaultCounts},
 	}, nil)
 
-	uid := createParent(t, builder.WorkerPoolGVK, ns, "pool")
-	createAll(t, mixedPods(builder.WorkerPoolGVK, ns, "pool", uid, 5))
+	uid := createParent(t, operator.GVK, ns, "pool")
+	createAll(t, mixedPods(operator.GVK, ns, "pool", uid, 5))
 	converges(t, ns, "pool", uid)
 
 	createParent(t, plainPoolGVK, ns, "plain")
@@ -316,8 +316,8 @@ func TestLeaderElectionFailover(t *testing.T) {
 		return ptr.Deref(lease.Spec.HolderIdentity, "")
 	}
 
-	uid := createParent(t, builder.WorkerPoolGVK, ns, "pool")
-	pods := mixedPods(builder.WorkerPoolGVK, ns, "pool", uid, 12)
+	uid := createParent(t, operator.GVK, ns, "pool")
+	pods := mixedPods(operator.GVK, ns, "pool", uid, 12)
 	createAll(t, pods)
 	leader := startAggregator(t, []config.Parent{workerPools}, nil, elect)
 	converges(t, ns, "pool", uid)

@@ -19,9 +19,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
-	"tally.dev/tally/test/builder"
 )
 
 // crd returns the CRD of a namespaced test kind with the given status
@@ -107,7 +107,7 @@ func convergesKind(t *testing.T, gvk schema.GroupVersionKind, ns, name string, u
 	t.Helper()
 	var want, got map[config.Count]int64
 	ok := waitFor(timeout, func() bool {
-		all := truth(t, ns, uid)
+		all := listTruth(t, ns, uid)
 		want = map[config.Count]int64{}
 		for c := range counts {
 			want[c] = all[c]
@@ -175,12 +175,12 @@ func TestSchemaFixedAfterStart(t *testing.T) {
 // controller ownerReference carries the parent's UID is not the parent's.
 func TestOtherNamespaceIsNotCounted(t *testing.T) {
 	ns, other := newNamespace(t), newNamespace(t)
-	uid := createParent(t, builder.WorkerPoolGVK, ns, "pool")
-	createAll(t, mixedPods(builder.WorkerPoolGVK, ns, "pool", uid, 3))
-	createAll(t, mixedPods(builder.WorkerPoolGVK, other, "pool", uid, 4))
+	uid := createParent(t, operator.GVK, ns, "pool")
+	createAll(t, mixedPods(operator.GVK, ns, "pool", uid, 3))
+	createAll(t, mixedPods(operator.GVK, other, "pool", uid, 4))
 	startAggregator(t, []config.Parent{workerPools}, nil)
 	converges(t, ns, "pool", uid)
-	assert.Equal(t, int64(3), sum(shown(t, builder.WorkerPoolGVK, ns, "pool", allCounts)))
+	assert.Equal(t, int64(3), sum(shown(t, operator.GVK, ns, "pool", allCounts)))
 }
 
 // staleReader serves one parent as a cache that is behind would: the
@@ -216,23 +216,23 @@ func reconcilerWith(t *testing.T, parent *unstructured.Unstructured, pods ...*ag
 func TestRecreatedParentNeverGetsOldCounts(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
-	old := builder.WorkerPool(ns, "pool", 0)
+	old := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, old))
 	reducer := aggregate.NewReducer([]config.Parent{workerPools})
 	var pods []*aggregate.Pod
-	for _, p := range mixedPods(builder.WorkerPoolGVK, ns, "pool", old.GetUID(), 5) {
+	for _, p := range mixedPods(operator.GVK, ns, "pool", old.GetUID(), 5) {
 		pods = append(pods, reducer.Pod(p))
 	}
 
 	require.NoError(t, env.Client.Delete(ctx, old))
-	replacement := builder.WorkerPool(ns, "pool", 0)
+	replacement := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, replacement))
 
 	conflicts := counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev")
 	_, err := reconcilerWith(t, old, pods...).Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(old)})
 	require.NoError(t, err)
 	got := &unstructured.Unstructured{}
-	got.SetGroupVersionKind(builder.WorkerPoolGVK)
+	got.SetGroupVersionKind(operator.GVK)
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(replacement), got))
 	_, found, _ := unstructured.NestedMap(got.Object, "status")
 	assert.False(t, found, "the replacement was written with the old parent's counts: %v", got.Object["status"])
@@ -247,7 +247,7 @@ func TestStatusNotFoundOfExistingParent(t *testing.T) {
 	ns := newNamespace(t)
 	gvk := lateGVK("LostStatusPool")
 	installCRD(t, crd(gvk.Kind, true, "completing"))
-	parent := builder.WorkerPool(ns, "pool", 0)
+	parent := operator.Pool(ns, "pool", 0)
 	parent.SetGroupVersionKind(gvk)
 	require.NoError(t, env.Client.Create(ctx, parent))
 	updateCRD(t, "loststatuspools.late.tally.dev", func(v *apiextensionsv1.CustomResourceDefinitionVersion) { v.Subresources = nil })

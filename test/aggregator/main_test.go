@@ -25,6 +25,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/repo"
+	"tally.dev/tally/internal/truth"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -46,7 +50,7 @@ var workerPools = config.Parent{Group: "example.tally.dev", Version: "v1", Kind:
 func TestMain(m *testing.M) {
 	conflicts := framework.NewConflictLog(zap.New(zap.WriteTo(os.Stderr)))
 	ctrl.SetLogger(conflicts.Logger())
-	code := framework.Main(m, framework.Options{CRDPaths: []string{framework.Path("test", "testdata", "crds")}}, &env)
+	code := framework.Main(m, controlplane.Options{CRDPaths: []string{repo.Path("test", "testdata", "crds")}}, &env)
 	if c := conflicts.Conflicts(); len(c) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: the aggregator logged %d write conflicts:\n%s\n", len(c), strings.Join(c, "\n"))
 		code = 1
@@ -146,7 +150,7 @@ func newNamespace(t *testing.T) string {
 
 func createParent(t *testing.T, gvk schema.GroupVersionKind, ns, name string) types.UID {
 	t.Helper()
-	u := builder.WorkerPool(ns, name, 0)
+	u := operator.Pool(ns, name, 0)
 	u.SetGroupVersionKind(gvk)
 	require.NoError(t, env.Client.Create(context.Background(), u))
 	return u.GetUID()
@@ -189,13 +193,13 @@ func setPhase(ctx context.Context, c client.Client, pod *corev1.Pod, phase corev
 	return c.Status().Patch(ctx, pod, patch)
 }
 
-// truth computes the counts of a parent from a fresh List, straight from the
+// listTruth computes the counts of a parent from a fresh List, straight from the
 // specification's definitions.
-func truth(t *testing.T, ns string, uid types.UID) map[config.Count]int64 {
+func listTruth(t *testing.T, ns string, uid types.UID) map[config.Count]int64 {
 	t.Helper()
 	var pods corev1.PodList
 	require.NoError(t, env.Client.List(context.Background(), &pods, client.InNamespace(ns)))
-	return framework.Truth(pods.Items, ns, uid)
+	return truth.Counts(pods.Items, ns, uid)
 }
 
 // shown reads the mapped fields a parent shows; a missing field reads -1.
@@ -224,8 +228,8 @@ func converges(t *testing.T, ns, name string, uid types.UID) {
 	t.Helper()
 	var want, got map[config.Count]int64
 	ok := waitFor(60*time.Second, func() bool {
-		want = truth(t, ns, uid)
-		got = shown(t, builder.WorkerPoolGVK, ns, name, allCounts)
+		want = listTruth(t, ns, uid)
+		got = shown(t, operator.GVK, ns, name, allCounts)
 		return equal(want, got)
 	})
 	require.True(t, ok, "status of %s/%s: got %v, want %v", ns, name, got, want)

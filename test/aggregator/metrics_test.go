@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
-	"tally.dev/tally/test/framework"
 )
 
 // token returns a token of a new service account of ns, allowed to get
@@ -49,7 +49,7 @@ func token(t *testing.T, ns, name string, reader bool) string {
 // /metrics read the metrics.
 func TestSecureMetrics(t *testing.T) {
 	ns := newNamespace(t)
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	require.NoError(t, err)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	startAggregator(t, []config.Parent{workerPools}, nil, func(o *app.Options) { o.MetricsAddr, o.MetricsSecure = addr, true })

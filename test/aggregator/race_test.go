@@ -15,9 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
-	"tally.dev/tally/test/builder"
 )
 
 const hold = "test.tally.dev/hold"
@@ -34,10 +34,10 @@ func TestNoLostUpdates(t *testing.T) {
 		t.Run(fmt.Sprintf("run-%02d", i), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, uint64(i)))
 			ns := newNamespace(t)
-			uid := createParent(t, builder.WorkerPoolGVK, ns, "pool")
+			uid := createParent(t, operator.GVK, ns, "pool")
 			pods := make([]*corev1.Pod, 60)
 			for j := range pods {
-				b := member(builder.WorkerPoolGVK, ns, "pool", uid, fmt.Sprintf("w-%02d", j))
+				b := member(operator.GVK, ns, "pool", uid, fmt.Sprintf("w-%02d", j))
 				if j%2 == 0 {
 					b = b.Finalizer(hold)
 				}
@@ -165,7 +165,7 @@ type naiveCounter struct {
 }
 
 func (n *naiveCounter) read(ctx context.Context) (int64, error) {
-	u := builder.WorkerPool(n.ns, n.name, 0)
+	u := operator.Pool(n.ns, n.name, 0)
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
 		return 0, err
 	}
@@ -174,7 +174,7 @@ func (n *naiveCounter) read(ctx context.Context) (int64, error) {
 }
 
 func (n *naiveCounter) write(ctx context.Context, v int64) error {
-	u := builder.WorkerPool(n.ns, n.name, 0)
+	u := operator.Pool(n.ns, n.name, 0)
 	patch := fmt.Appendf(nil, `{"status":{"completing":%d}}`, v)
 	return env.Client.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, patch), client.FieldOwner("naive-operator"))
 }
@@ -191,10 +191,10 @@ func (n *naiveCounter) write(ctx context.Context, v int64) error {
 func TestNaiveCounterLosesUpdates(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
-	uid := createParent(t, builder.WorkerPoolGVK, ns, "pool")
+	uid := createParent(t, operator.GVK, ns, "pool")
 	pods := make([]*corev1.Pod, 60)
 	for j := range pods {
-		pods[j] = member(builder.WorkerPoolGVK, ns, "pool", uid, fmt.Sprintf("w-%02d", j)).Build()
+		pods[j] = member(operator.GVK, ns, "pool", uid, fmt.Sprintf("w-%02d", j)).Build()
 	}
 	createAll(t, pods)
 
@@ -250,7 +250,7 @@ func TestNaiveCounterLosesUpdates(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	want := truth(t, ns, uid)[config.Completing]
+	want := listTruth(t, ns, uid)[config.Completing]
 	got, err := naive.read(ctx)
 	require.NoError(t, err)
 	t.Logf("naive status.completing = %d, truth = %d", got, want)

@@ -11,6 +11,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -39,14 +40,14 @@ func runInstall(env *framework.Env, nNamespaces, parentsPer, podsPer int, counts
 		}
 		for p := range parentsPer {
 			name := fmt.Sprintf("pool-%02d", p)
-			pool := builder.WorkerPool(ns, name, int64(podsPer))
+			pool := operator.Pool(ns, name, int64(podsPer))
 			if err := c.Create(ctx, pool); err != nil {
 				return err
 			}
 			counts := map[string]int64{"completing": 0, "completed": 0, "active": 0, "unexpected": 0}
 			want[ns+"/"+name] = counts
 			for i := range podsPer {
-				pod := builder.Pod(ns, fmt.Sprintf("%s-%03d", name, i)).ControlledBy(builder.WorkerPoolGVK, name, pool.GetUID()).Mixed(i).Build()
+				pod := builder.Pod(ns, fmt.Sprintf("%s-%03d", name, i)).ControlledBy(operator.GVK, name, pool.GetUID()).Mixed(i).Build()
 				_, intent := pod.Annotations[keys.CompletionIntent]
 				terminal := pod.Status.Phase == corev1.PodSucceeded
 				switch {
@@ -128,7 +129,7 @@ func runInstall(env *framework.Env, nNamespaces, parentsPer, podsPer int, counts
 // allRight reports whether every parent in want shows its counts.
 func allRight(ctx context.Context, c client.Client, want map[string]map[string]int64) (bool, error) {
 	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(builder.WorkerPoolGVK.GroupVersion().WithKind("WorkerPoolList"))
+	list.SetGroupVersionKind(operator.GVK.GroupVersion().WithKind("WorkerPoolList"))
 	if err := c.List(ctx, list); err != nil {
 		return false, err
 	}

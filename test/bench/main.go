@@ -61,6 +61,8 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -112,7 +114,7 @@ func main() {
 
 // withControlPlane runs f on a new control plane with the bench namespace.
 func withControlPlane(f func(*framework.Env) error) error {
-	env, err := framework.Start(framework.Options{EtcdQuotaBytes: 8 << 30})
+	env, err := framework.Start(controlplane.Options{EtcdQuotaBytes: 8 << 30})
 	if err != nil {
 		return err
 	}
@@ -138,13 +140,13 @@ func run(env *framework.Env, nParents, podsPer, burst, rate int, steady time.Dur
 	var creates []func() error
 	for i := range parents {
 		p := &parent{name: fmt.Sprintf("pool-%03d", i)}
-		pool := builder.WorkerPool(ns, p.name, int64(podsPer))
+		pool := operator.Pool(ns, p.name, int64(podsPer))
 		if err := c.Create(ctx, pool); err != nil {
 			return err
 		}
 		p.uid = pool.GetUID()
 		for j := range podsPer {
-			pod := builder.Pod(ns, fmt.Sprintf("%s-%02d", p.name, j)).ControlledBy(builder.WorkerPoolGVK, p.name, p.uid).Label(keys.ParentUID, string(p.uid)).Build()
+			pod := builder.Pod(ns, fmt.Sprintf("%s-%02d", p.name, j)).ControlledBy(operator.GVK, p.name, p.uid).Label(keys.ParentUID, string(p.uid)).Build()
 			p.pods = append(p.pods, pod)
 			creates = append(creates, func() error { return c.Create(ctx, pod) })
 		}
@@ -337,7 +339,7 @@ func waitAll(ctx context.Context, c client.Client, parents []*parent, ok func(*u
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
 		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(builder.WorkerPoolGVK.GroupVersion().WithKind("WorkerPoolList"))
+		list.SetGroupVersionKind(operator.GVK.GroupVersion().WithKind("WorkerPoolList"))
 		if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
 			return err
 		}

@@ -19,7 +19,10 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/internal/process"
+	"tally.dev/tally/internal/repo"
+	"tally.dev/tally/internal/truth"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -42,7 +45,7 @@ func (p *scalePool) truth() map[config.Count]int64 {
 	for i, pod := range p.pods {
 		pods[i] = *pod
 	}
-	return framework.Truth(pods, p.ns, p.uid)
+	return truth.Counts(pods, p.ns, p.uid)
 }
 
 // contender is a process counting the pools: tally's aggregator, or the
@@ -83,7 +86,7 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOn
 		return err
 	}
 	build := exec.Command("go", "build", "-o", filepath.Join(dir, "conventional"), "./test/bench/conventional")
-	build.Dir = framework.Root()
+	build.Dir = repo.Root()
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the conventional controller: %w: %s", err, out)
 	}
@@ -133,7 +136,7 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOn
 			return err
 		}
 		for i := range parentsPerNS {
-			pool := builder.WorkerPool(ns, fmt.Sprintf("pool-%02d", i), int64(podsPer))
+			pool := operator.Pool(ns, fmt.Sprintf("pool-%02d", i), int64(podsPer))
 			if err := c.Create(ctx, pool); err != nil {
 				return err
 			}
@@ -163,7 +166,7 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOn
 			// Stamped exactly as the webhook would, so that the aggregator's
 			// start-up sweep finds nothing to correct.
 			pod := builder.RealisticPod(builder.Pod(p.ns, fmt.Sprintf("%s-%03d", p.name, j)).
-				ControlledBy(builder.WorkerPoolGVK, p.name, p.uid).
+				ControlledBy(operator.GVK, p.name, p.uid).
 				Label(keys.ParentUID, string(p.uid)).Label(keys.ParentName, p.name).
 				Annotation(keys.Parent, "WorkerPool.example.tally.dev/"+p.name).
 				Mixed(j))
@@ -198,7 +201,7 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOn
 		var resets []func() error
 		for _, p := range pools {
 			resets = append(resets, func() error {
-				u := builder.WorkerPool(p.ns, p.name, 0)
+				u := operator.Pool(p.ns, p.name, 0)
 				return c.Status().Patch(ctx, u, client.RawPatch("application/merge-patch+json",
 					[]byte(`{"status":{"completing":-1,"completed":-1,"active":-1,"unexpected":-1}}`)))
 			})
@@ -231,7 +234,7 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOn
 }
 
 func startContender(ct contender, dir string) (*process.Process, error) {
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -337,7 +340,7 @@ func waitRight(ctx context.Context, c client.Client, pools []*scalePool, timeout
 	deadline := time.Now().Add(timeout)
 	for {
 		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(builder.WorkerPoolGVK.GroupVersion().WithKind("WorkerPoolList"))
+		list.SetGroupVersionKind(operator.GVK.GroupVersion().WithKind("WorkerPoolList"))
 		if err := c.List(ctx, list); err != nil {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/mutate"
@@ -31,7 +32,7 @@ import (
 func runSweep(env *framework.Env, total, tracked int) error {
 	ctx := context.Background()
 	c := env.Client
-	pool := builder.WorkerPool(ns, "pool-a", int64(tracked))
+	pool := operator.Pool(ns, "pool-a", int64(tracked))
 	if err := c.Create(ctx, pool); err != nil {
 		return err
 	}
@@ -41,7 +42,7 @@ func runSweep(env *framework.Env, total, tracked int) error {
 	for i := range total {
 		b := builder.Pod(ns, fmt.Sprintf("pod-%05d", i))
 		if i < tracked {
-			b = b.ControlledBy(builder.WorkerPoolGVK, "pool-a", pool.GetUID())
+			b = b.ControlledBy(operator.GVK, "pool-a", pool.GetUID())
 		} else {
 			b = b.ControlledBy(rsGVK, "web-7d9f8", "3f0c2a8e-0000-4000-8000-000000000001")
 		}

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -153,13 +154,13 @@ func finishAll(env *framework.Env, parent config.Parent, wl workload) (*writes, 
 	for i := range nParents {
 		name := fmt.Sprintf("pool-%03d", i)
 		poolOf[name] = len(pods)
-		pool := builder.WorkerPool(ns, name, int64(podsPer))
+		pool := operator.Pool(ns, name, int64(podsPer))
 		if err := c.Create(ctx, pool); err != nil {
 			return nil, 0, err
 		}
 		uids[name] = pool.GetUID()
 		for j := range podsPer {
-			b := builder.Pod(ns, fmt.Sprintf("%s-%04d", name, j)).ControlledBy(builder.WorkerPoolGVK, name, pool.GetUID()).
+			b := builder.Pod(ns, fmt.Sprintf("%s-%04d", name, j)).ControlledBy(operator.GVK, name, pool.GetUID()).
 				Label(keys.ParentUID, string(pool.GetUID())).Phase(corev1.PodRunning)
 			if parent.Tracked() {
 				b = b.Finalizer(keys.TrackingFinalizer)
@@ -193,14 +194,14 @@ func finishAll(env *framework.Env, parent config.Parent, wl workload) (*writes, 
 		<-done
 		// The next run's aggregator would reconcile these parents too.
 		for name := range uids {
-			_ = c.Delete(ctx, builder.WorkerPool(ns, name, 0))
+			_ = c.Delete(ctx, operator.Pool(ns, name, 0))
 		}
 	}()
 	settled := func(want func(u *unstructured.Unstructured) bool) error {
 		deadline := time.Now().Add(5 * time.Minute)
 		for name := range uids {
 			for {
-				u := builder.WorkerPool(ns, name, 0)
+				u := operator.Pool(ns, name, 0)
 				if err := c.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
 					return err
 				}

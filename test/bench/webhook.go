@@ -35,7 +35,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"tally.dev/tally/certs/devcert"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/internal/process"
+	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/keys"
@@ -57,7 +60,7 @@ func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) 
 		return err
 	}
 	build := exec.Command("go", "build", "-o", filepath.Join(dir, "conventional-webhook"), "./test/bench/conventional-webhook")
-	build.Dir = framework.Root()
+	build.Dir = repo.Root()
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the conventional webhook: %w: %s", err, out)
 	}
@@ -81,15 +84,15 @@ func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) 
 	if err := os.WriteFile(cfgFile, []byte("parents:\n  - {group: example.tally.dev, version: v1, kind: WorkerPool, resource: workerpools}\n"), 0o600); err != nil {
 		return err
 	}
-	tallyPort, err := framework.FreePort()
+	tallyPort, err := process.FreePort()
 	if err != nil {
 		return err
 	}
-	convPort, err := framework.FreePort()
+	convPort, err := process.FreePort()
 	if err != nil {
 		return err
 	}
-	probe, err := framework.FreePort()
+	probe, err := process.FreePort()
 	if err != nil {
 		return err
 	}
@@ -180,7 +183,7 @@ func adminKubeconfig(env *framework.Env, dir string) (string, error) {
 // reviews returns a CREATE of the realistic pod and an UPDATE setting its
 // completion intent, as the API server sends them.
 func reviews() ([][]byte, error) {
-	pod := builder.RealisticPod(builder.Pod("bench", "pool-0-abcde").ControlledBy(builder.WorkerPoolGVK, "pool-0", "6f2c7e84-0b6e-4d5e-9b3a-2d0c9c1f7a11"))
+	pod := builder.RealisticPod(builder.Pod("bench", "pool-0-abcde").ControlledBy(operator.GVK, "pool-0", "6f2c7e84-0b6e-4d5e-9b3a-2d0c9c1f7a11"))
 	marked := pod.DeepCopy()
 	marked.Labels = map[string]string{keys.ParentUID: "6f2c7e84-0b6e-4d5e-9b3a-2d0c9c1f7a11", keys.ParentName: "pool-0"}
 	marked.Annotations = map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-0"}
@@ -324,14 +327,14 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, 
 	if err != nil {
 		return err
 	}
-	pool := builder.WorkerPool(ns, "creates", 0)
+	pool := operator.Pool(ns, "creates", 0)
 	if err := env.Client.Create(ctx, pool); err != nil {
 		return err
 	}
 	tallyCfg := &config.Config{Parents: []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Resource: "workerpools"}}}
 	wh := mutate.Webhook(tallyCfg, admissionregistrationv1.WebhookClientConfig{
 		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
-	}, framework.AggregatorUser)
+	}, helm.AggregatorUser)
 	now := wh.MatchConditions
 	var previous []admissionregistrationv1.MatchCondition
 	for _, c := range now {
@@ -362,7 +365,7 @@ func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, 
 	}
 	apiserver := servers[0]
 	newPod := func(name string, stamp bool) *corev1.Pod {
-		pod := builder.RealisticPod(builder.Pod(ns, name).ControlledBy(builder.WorkerPoolGVK, pool.GetName(), pool.GetUID()).Label(createdLabel, "true"))
+		pod := builder.RealisticPod(builder.Pod(ns, name).ControlledBy(operator.GVK, pool.GetName(), pool.GetUID()).Label(createdLabel, "true"))
 		if stamp {
 			identity.Stamp(pod)
 		}

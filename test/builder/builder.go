@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -17,19 +16,6 @@ import (
 
 	"tally.dev/tally/pkg/keys"
 )
-
-// WorkerPoolGVK is the example parent kind (examples/workerpool).
-var WorkerPoolGVK = schema.GroupVersionKind{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}
-
-// WorkerPool returns an unsaved WorkerPool with the given replicas.
-func WorkerPool(namespace, name string, replicas int64) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(WorkerPoolGVK)
-	u.SetNamespace(namespace)
-	u.SetName(name)
-	u.Object["spec"] = map[string]any{"replicas": replicas}
-	return u
-}
 
 // PodBuilder builds pods.
 type PodBuilder struct{ pod corev1.Pod }

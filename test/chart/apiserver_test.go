@@ -22,6 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/certs/devcert"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/keys"
@@ -33,7 +35,7 @@ import (
 var env *framework.Env
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.Main(m, framework.Options{CRDPaths: []string{framework.CertManagerCRDs()}}, &env))
+	os.Exit(framework.Main(m, controlplane.Options{CRDPaths: []string{framework.CertManagerCRDs()}}, &env))
 }
 
 // TestServerSideDryRun sends every rendered object to the API server as a
@@ -92,7 +94,7 @@ func TestRenderedWebhookRegistration(t *testing.T) {
 	require.NoError(t, err)
 	// The registration is live once a tracked pod reaches the webhook.
 	require.Eventually(t, func() bool {
-		pod := builder.Pod(ns, "probe-"+fmt.Sprint(time.Now().UnixNano())).ControlledBy(builder.WorkerPoolGVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
+		pod := builder.Pod(ns, "probe-"+fmt.Sprint(time.Now().UnixNano())).ControlledBy(operator.GVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
 		return env.Client.Create(ctx, pod) == nil && pod.Labels[keys.ParentUID] != ""
 	}, 10*time.Second, 100*time.Millisecond)
 
@@ -102,14 +104,14 @@ func TestRenderedWebhookRegistration(t *testing.T) {
 	assert.Equal(t, before, calls.Load(), "the webhook was called for an unrelated pod")
 	assert.Equal(t, map[string]string{"app": "web"}, plain.Labels)
 
-	tracked := builder.Pod(ns, "tracked").ControlledBy(builder.WorkerPoolGVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
+	tracked := builder.Pod(ns, "tracked").ControlledBy(operator.GVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
 	require.NoError(t, env.Client.Create(ctx, tracked))
 	assert.Greater(t, calls.Load(), before)
 	assert.Equal(t, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a", tracked.Labels[keys.ParentUID])
 	assert.Equal(t, "WorkerPool.example.tally.dev/pool", tracked.Annotations[keys.Parent])
 
 	before = calls.Load()
-	stamped := builder.Pod(ns, "stamped").ControlledBy(builder.WorkerPoolGVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
+	stamped := builder.Pod(ns, "stamped").ControlledBy(operator.GVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
 	identity.Stamp(stamped)
 	require.NoError(t, env.Client.Create(ctx, stamped))
 	assert.Equal(t, before, calls.Load(), "the webhook was called for a pod its operator stamped")
@@ -118,7 +120,7 @@ func TestRenderedWebhookRegistration(t *testing.T) {
 	// there (a ReplicaSet's) never reach the webhook.
 	sys := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
 	require.NoError(t, client.IgnoreAlreadyExists(env.Client.Create(ctx, sys)))
-	inRelease := builder.Pod(namespace, "own").ControlledBy(builder.WorkerPoolGVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
+	inRelease := builder.Pod(namespace, "own").ControlledBy(operator.GVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
 	require.NoError(t, env.Client.Create(ctx, inRelease))
 	assert.Equal(t, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a", inRelease.Labels[keys.ParentUID])
 	before = calls.Load()

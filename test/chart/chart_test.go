@@ -22,30 +22,29 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
+	"tally.dev/tally/internal/helm"
+	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/mutate"
-	"tally.dev/tally/test/framework"
 )
 
 const (
-	release   = framework.Release
-	namespace = framework.ReleaseNamespace
+	release   = helm.Release
+	namespace = helm.Namespace
 )
 
-func helm(args ...string) (string, error) { return framework.Helm(args...) }
-
 func valuesFile(name string) string {
-	return framework.Path("test", "chart", "testdata", "values", name)
+	return repo.Path("test", "chart", "testdata", "values", name)
 }
 
 // render runs helm template with the given values files.
 func render(t *testing.T, values ...string) string {
 	t.Helper()
-	args := []string{"template", release, framework.Path("charts", "tally"), "--namespace", namespace}
+	args := []string{"template", release, helm.Chart(), "--namespace", namespace}
 	for _, v := range values {
 		args = append(args, "-f", valuesFile(v))
 	}
-	out, err := helm(args...)
+	out, err := helm.Run(args...)
 	require.NoError(t, err)
 	return out
 }
@@ -53,7 +52,7 @@ func render(t *testing.T, values ...string) string {
 // objects decodes a rendering into its objects.
 func objects(t *testing.T, manifest string) []*unstructured.Unstructured {
 	t.Helper()
-	objs, err := framework.Objects(manifest)
+	objs, err := helm.Objects(manifest)
 	require.NoError(t, err)
 	return objs
 }
@@ -71,11 +70,11 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string, in
 
 func TestLint(t *testing.T) {
 	for _, values := range [][]string{nil, {"two-parents.yaml"}, {"helm-certs.yaml"}} {
-		args := []string{"lint", "--strict", framework.Path("charts", "tally")}
+		args := []string{"lint", "--strict", helm.Chart()}
 		for _, v := range values {
 			args = append(args, "-f", valuesFile(v))
 		}
-		out, err := helm(args...)
+		out, err := helm.Run(args...)
 		require.NoError(t, err, out)
 	}
 }
@@ -95,7 +94,7 @@ func TestGolden(t *testing.T) {
 	for name, values := range tests {
 		t.Run(name, func(t *testing.T) {
 			got := generated.ReplaceAllString(render(t, values...), "$1 <generated>")
-			path := framework.Path("test", "chart", "testdata", name+".golden")
+			path := repo.Path("test", "chart", "testdata", name+".golden")
 			if os.Getenv("UPDATE_GOLDEN") == "true" {
 				require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
 			}
@@ -119,7 +118,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 	}
 	for file, want := range tests {
 		t.Run(file, func(t *testing.T) {
-			_, err := helm("template", release, framework.Path("charts", "tally"), "-f", valuesFile(file))
+			_, err := helm.Run("template", release, helm.Chart(), "-f", valuesFile(file))
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), want)
 		})
@@ -185,7 +184,7 @@ func TestMatchConditions(t *testing.T) {
 		require.Len(t, mwc.Webhooks, 1)
 		got := mwc.Webhooks[0]
 		assert.Equal(t, mutate.Path, *got.ClientConfig.Service.Path)
-		want := mutate.Webhook(cfg, got.ClientConfig, framework.AggregatorUser)
+		want := mutate.Webhook(cfg, got.ClientConfig, helm.AggregatorUser)
 		// Values, not definitions: failurePolicy and namespace narrowing.
 		want.FailurePolicy = got.FailurePolicy
 		want.NamespaceSelector = cfg.NamespaceSelector
@@ -220,11 +219,11 @@ func TestRenderedConfigLoads(t *testing.T) {
 // Helm, is the chart's own rendering of its certificates for the release
 // "tally" in tally-system; `make golden` regenerates it.
 func TestCertManagerManifests(t *testing.T) {
-	got, err := helm("template", release, framework.Path("charts", "tally"), "--namespace", namespace, "--show-only", "templates/certificates.yaml")
+	got, err := helm.Run("template", release, helm.Chart(), "--namespace", namespace, "--show-only", "templates/certificates.yaml")
 	require.NoError(t, err)
 	got = "# cert-manager resources for the tally webhook (release \"tally\", namespace \"tally-system\"),\n" +
 		"# for installs without Helm. Generated from charts/tally by `make golden`; do not edit.\n" + got
-	path := framework.Path("certs", "cert-manager.yaml")
+	path := repo.Path("certs", "cert-manager.yaml")
 	if os.Getenv("UPDATE_GOLDEN") == "true" {
 		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
 	}
@@ -238,11 +237,11 @@ func TestCertManagerManifests(t *testing.T) {
 // pods, and one Lease per release is named and granted alike.
 func TestHAValues(t *testing.T) {
 	pdb := func(set ...string) bool {
-		args := []string{"template", release, framework.Path("charts", "tally"), "--namespace", namespace}
+		args := []string{"template", release, helm.Chart(), "--namespace", namespace}
 		for _, s := range set {
 			args = append(args, "--set", s)
 		}
-		out, err := helm(args...)
+		out, err := helm.Run(args...)
 		require.NoError(t, err)
 		return strings.Contains(out, "kind: PodDisruptionBudget")
 	}
@@ -299,11 +298,11 @@ func TestSecureMetricsRBAC(t *testing.T) {
 // the user's Secret and registers the user's CA.
 func TestSecretCertificatesAreStableUnderGitOps(t *testing.T) {
 	template := func(set ...string) (string, error) {
-		args := []string{"template", release, framework.Path("charts", "tally"), "--namespace", namespace}
+		args := []string{"template", release, helm.Chart(), "--namespace", namespace}
 		for _, s := range set {
 			args = append(args, "--set", s)
 		}
-		return helm(args...)
+		return helm.Run(args...)
 	}
 	secret := []string{"certificates.mode=secret", "certificates.secret.name=my-webhook-tls", "certificates.secret.caBundle=Y2E="}
 	first, err := template(secret...)

@@ -42,10 +42,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/cmd/kubectl-tally/app"
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/internal/demo"
+	"tally.dev/tally/internal/helm"
+	"tally.dev/tally/internal/truth"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
-	"tally.dev/tally/test/builder"
 	"tally.dev/tally/test/framework"
 )
 
@@ -77,11 +79,9 @@ func TestRealCluster(t *testing.T) {
 
 	// Installed with two counts; the upgrade maps all four and the totals
 	// (the aggregator then gives the running pods the tracking finalizer).
-	values := filepath.Join(t.TempDir(), "values.yaml")
-	initial := strings.Replace(demo.ClusterValues, "counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected, completedTotal: status.completedTotal, unexpectedTotal: status.unexpectedTotal}\n    ledger: status.tallyLedger",
-		"counts: {completing: status.completing, active: status.active}", 1)
-	require.NotEqual(t, demo.ClusterValues, initial)
-	require.NoError(t, os.WriteFile(values, []byte(initial), 0o644))
+	valuesDir := t.TempDir()
+	values, err := demo.WriteClusterValues(valuesDir, []config.Count{config.Completing, config.Active})
+	require.NoError(t, err)
 	cluster := &demo.Cluster{Kubeconfig: kubeconfig, Client: c, Values: values,
 		OperatorImage: demo.OperatorImage, WorkerImage: demo.WorkerImage, WorkerEnv: []string{"WORKER_CRASH_PERCENT=20"}}
 	fig := &figures{}
@@ -96,11 +96,11 @@ func TestRealCluster(t *testing.T) {
 	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
 	pools := []string{"alpha", "beta", "gamma"}
 	for _, p := range pools {
-		require.NoError(t, c.Create(ctx, builder.WorkerPool(ns, p, 6)))
+		require.NoError(t, c.Create(ctx, operator.Pool(ns, p, 6)))
 	}
 	// burst's pods are created by the test while a webhook pod goes away;
 	// with no replicas wanted, the operator marks and stops each one.
-	require.NoError(t, c.Create(ctx, builder.WorkerPool(ns, "burst", 0)))
+	require.NoError(t, c.Create(ctx, operator.Pool(ns, "burst", 0)))
 
 	scenario := time.Now()
 	stopChurn := churn(ctx, t, c, pools)
@@ -113,12 +113,13 @@ func TestRealCluster(t *testing.T) {
 	})
 	t.Run("helm upgrade with a changed config", func(t *testing.T) {
 		start := time.Now()
-		require.NoError(t, os.WriteFile(values, []byte(demo.ClusterValues+"logLevel: debug\n"), 0o644))
-		_, err := cluster.Helm("upgrade", framework.Release, framework.Path("charts", "tally"), "--namespace", framework.ReleaseNamespace,
+		_, err := demo.WriteClusterValues(valuesDir, nil, map[string]any{"logLevel": "debug"})
+		require.NoError(t, err)
+		_, err = cluster.Helm("upgrade", helm.Release, helm.Chart(), "--namespace", helm.Namespace,
 			"-f", values, "--wait", "--timeout", "3m")
 		require.NoError(t, err)
 		for _, d := range []string{"webhook", "aggregator"} {
-			waitReady(ctx, t, c, framework.Release+"-"+d)
+			waitReady(ctx, t, c, helm.Release+"-"+d)
 		}
 		fig.add("helm upgrade (config changed, both Deployments rolled): %v", time.Since(start).Round(100*time.Millisecond))
 	})
@@ -159,7 +160,7 @@ func TestRealCluster(t *testing.T) {
 				}
 			}
 			for _, name := range append(pools, "burst") {
-				pool := builder.WorkerPool(ns, name, 0)
+				pool := operator.Pool(ns, name, 0)
 				if c.Get(ctx, client.ObjectKeyFromObject(pool), pool) != nil {
 					return false
 				}
@@ -183,7 +184,7 @@ func TestRealCluster(t *testing.T) {
 		defer stopWatch()
 		seen, err := demo.WatchFinished(wctx, cfg, totalsNS)
 		require.NoError(t, err)
-		pool := builder.WorkerPool(totalsNS, "delta", 6)
+		pool := operator.Pool(totalsNS, "delta", 6)
 		require.NoError(t, c.Create(ctx, pool))
 		running := func() []corev1.Pod {
 			var pods corev1.PodList
@@ -231,19 +232,19 @@ func TestRealCluster(t *testing.T) {
 		// API server would through the Service.
 		var out, errOut bytes.Buffer
 		streams := genericiooptions.IOStreams{Out: &out, ErrOut: &errOut}
-		code := app.Main([]string{"--kubeconfig", kubeconfig, "--tally-namespace", framework.ReleaseNamespace, "doctor"}, streams)
+		code := app.Main([]string{"--kubeconfig", kubeconfig, "--tally-namespace", helm.Namespace, "doctor"}, streams)
 		t.Logf("kubectl tally doctor:\n%s%s", out.String(), errOut.String())
 		assert.Equal(t, app.ExitOK, code)
 		assert.Contains(t, out.String(), "OK    webhook certificate: the caBundle verifies the certificate served for tally-webhook.tally-system.svc")
 		assert.Contains(t, out.String(), "OK    tracking finalizers: ")
 		out.Reset()
-		code = app.Main([]string{"--kubeconfig", kubeconfig, "--tally-namespace", framework.ReleaseNamespace, "-n", ns, "explain", "workerpool/alpha"}, streams)
+		code = app.Main([]string{"--kubeconfig", kubeconfig, "--tally-namespace", helm.Namespace, "-n", ns, "explain", "workerpool/alpha"}, streams)
 		t.Logf("kubectl tally explain workerpool/alpha:\n%s%s", out.String(), errOut.String())
 		assert.Equal(t, app.ExitOK, code)
 	})
 
 	t.Run("the garbage collector deletes a deleted pool's pods", func(t *testing.T) {
-		pool := builder.WorkerPool(ns, "gamma", 0)
+		pool := operator.Pool(ns, "gamma", 0)
 		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(pool), pool))
 		uid := pool.GetUID()
 		start := time.Now()
@@ -274,12 +275,12 @@ func TestRealCluster(t *testing.T) {
 		for _, gvk := range framework.ChartKinds {
 			list := &unstructured.UnstructuredList{}
 			list.SetGroupVersionKind(gvk)
-			require.NoError(t, c.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": framework.Release}))
+			require.NoError(t, c.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": helm.Release}))
 			assert.Empty(t, list.Items, "%s left after helm uninstall", gvk.Kind)
 		}
 		ok := poll(time.Minute, func() bool {
 			var pods corev1.PodList
-			return c.List(ctx, &pods, client.InNamespace(framework.ReleaseNamespace)) == nil && len(pods.Items) == 0
+			return c.List(ctx, &pods, client.InNamespace(helm.Namespace)) == nil && len(pods.Items) == 0
 		})
 		assert.True(t, ok, "tally's pods still run after helm uninstall")
 
@@ -303,7 +304,7 @@ func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, cs *kub
 	}
 	restarts := func() map[string]string {
 		var pods corev1.PodList
-		require.NoError(t, c.List(ctx, &pods, client.InNamespace(framework.ReleaseNamespace)))
+		require.NoError(t, c.List(ctx, &pods, client.InNamespace(helm.Namespace)))
 		out := map[string]string{}
 		for _, p := range pods.Items {
 			for _, s := range p.Status.ContainerStatuses {
@@ -360,7 +361,7 @@ func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, cs *kub
 		time.Since(back).Round(100*time.Millisecond), last)
 	// What the aggregators did meanwhile, for the record.
 	var aggs corev1.PodList
-	require.NoError(t, c.List(ctx, &aggs, client.InNamespace(framework.ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "aggregator"}))
+	require.NoError(t, c.List(ctx, &aggs, client.InNamespace(helm.Namespace), client.MatchingLabels{"app.kubernetes.io/component": "aggregator"}))
 	for _, p := range aggs.Items {
 		raw, err := cs.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{SinceSeconds: ptr.To[int64](200)}).DoRaw(ctx)
 		if err != nil {
@@ -419,7 +420,7 @@ func churn(ctx context.Context, t *testing.T, c client.Client, pools []string) f
 			pool := pools[rng.IntN(len(pools))]
 			if rng.IntN(2) == 0 {
 				patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, 2+rng.IntN(9))
-				_ = c.Patch(ctx, builder.WorkerPool(ns, pool, 0), client.RawPatch("application/merge-patch+json", []byte(patch)))
+				_ = c.Patch(ctx, operator.Pool(ns, pool, 0), client.RawPatch("application/merge-patch+json", []byte(patch)))
 				continue
 			}
 			var pods corev1.PodList
@@ -442,7 +443,7 @@ func churn(ctx context.Context, t *testing.T, c client.Client, pools []string) f
 		cancel()
 		wg.Wait()
 		for _, p := range pools {
-			require.NoError(t, c.Patch(context.Background(), builder.WorkerPool(ns, p, 0), client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":5}}`))))
+			require.NoError(t, c.Patch(context.Background(), operator.Pool(ns, p, 0), client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":5}}`))))
 		}
 	}
 }
@@ -456,7 +457,7 @@ func churn(ctx context.Context, t *testing.T, c client.Client, pools []string) f
 // minutes (load average near 50) and the replacement in ContainerCreating
 // past the rollout's deadline. The operator deletes them as surplus.
 func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *figures) {
-	burst := builder.WorkerPool(ns, "burst", 0)
+	burst := operator.Pool(ns, "burst", 0)
 	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(burst), burst))
 	var created, failed atomic.Int64
 	var firstErr atomic.Value
@@ -469,7 +470,7 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 			for time.Now().Before(deadline) {
 				pod := &corev1.Pod{
 					ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "burst-", OwnerReferences: []metav1.OwnerReference{{
-						APIVersion: builder.WorkerPoolGVK.GroupVersion().String(), Kind: builder.WorkerPoolGVK.Kind,
+						APIVersion: operator.GVK.GroupVersion().String(), Kind: operator.GVK.Kind,
 						Name: burst.GetName(), UID: burst.GetUID(), Controller: ptr.To(true),
 					}}},
 					Spec: corev1.PodSpec{
@@ -495,7 +496,7 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 	}
 	time.Sleep(3 * time.Second)
 	var pods corev1.PodList
-	require.NoError(t, c.List(ctx, &pods, client.InNamespace(framework.ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "webhook"}))
+	require.NoError(t, c.List(ctx, &pods, client.InNamespace(helm.Namespace), client.MatchingLabels{"app.kubernetes.io/component": "webhook"}))
 	require.NotEmpty(t, pods.Items, "no webhook pod found")
 	victim := pods.Items[0]
 	require.NoError(t, c.Delete(ctx, &victim))
@@ -504,7 +505,7 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 	fig.add("webhook pod %s deleted during creates from 4 clients: %d of %d creates failed; create p50 %v, p99 %v",
 		victim.Name, failed.Load(), created.Load()+failed.Load(),
 		latencies[len(latencies)/2].Round(time.Millisecond), latencies[len(latencies)*99/100].Round(time.Millisecond))
-	waitReady(ctx, t, c, framework.Release+"-webhook")
+	waitReady(ctx, t, c, helm.Release+"-webhook")
 	assert.Zero(t, failed.Load(), "pod creates failed while a webhook pod went away (first: %v)", firstErr.Load())
 	assert.Positive(t, created.Load())
 }
@@ -515,14 +516,14 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 // takes over once the lease expires.
 func aggregatorKilled(ctx context.Context, t *testing.T, c client.Client, fig *figures) {
 	var lease coordinationv1.Lease
-	key := client.ObjectKey{Namespace: framework.ReleaseNamespace, Name: framework.Release + "-aggregator"}
+	key := client.ObjectKey{Namespace: helm.Namespace, Name: helm.Release + "-aggregator"}
 	require.True(t, poll(time.Minute, func() bool {
 		return c.Get(ctx, key, &lease) == nil && ptr.Deref(lease.Spec.HolderIdentity, "") != ""
 	}), "no aggregator holds the lease")
 	holder := *lease.Spec.HolderIdentity
 	podName, _, _ := strings.Cut(holder, "_")
 	var pod corev1.Pod
-	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: framework.ReleaseNamespace, Name: podName}, &pod))
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: helm.Namespace, Name: podName}, &pod))
 	restarts := restartCount(&pod)
 	pid, err := containerPID(pod.UID, "/aggregator")
 	require.NoError(t, err)
@@ -535,20 +536,20 @@ func aggregatorKilled(ctx context.Context, t *testing.T, c client.Client, fig *f
 	require.True(t, poll(2*time.Minute, func() bool {
 		return c.Get(ctx, client.ObjectKeyFromObject(&pod), &pod) == nil && restartCount(&pod) > restarts && podReady(&pod)
 	}), "the killed aggregator was not restarted")
-	waitReady(ctx, t, c, framework.Release+"-aggregator")
+	waitReady(ctx, t, c, helm.Release+"-aggregator")
 }
 
 // waitReady waits until one of tally's Deployments is rolled out; when it is
 // not, it fails with what its pods wait for and how busy the node is.
 func waitReady(ctx context.Context, t *testing.T, c client.Client, name string) {
 	t.Helper()
-	err := demo.WaitDeploymentReady(ctx, c, framework.ReleaseNamespace, name, 2*time.Minute)
+	err := demo.WaitDeploymentReady(ctx, c, helm.Namespace, name, 2*time.Minute)
 	if err == nil {
 		return
 	}
 	var lines []string
 	var pods corev1.PodList
-	if c.List(ctx, &pods, client.InNamespace(framework.ReleaseNamespace)) == nil {
+	if c.List(ctx, &pods, client.InNamespace(helm.Namespace)) == nil {
 		for _, p := range pods.Items {
 			if strings.HasPrefix(p.Name, name+"-") {
 				lines = append(lines, describePod(&p))
@@ -556,7 +557,7 @@ func waitReady(ctx context.Context, t *testing.T, c client.Client, name string) 
 		}
 	}
 	var events corev1.EventList
-	if c.List(ctx, &events, client.InNamespace(framework.ReleaseNamespace)) == nil {
+	if c.List(ctx, &events, client.InNamespace(helm.Namespace)) == nil {
 		for _, e := range events.Items {
 			if e.Type == corev1.EventTypeWarning && strings.HasPrefix(e.InvolvedObject.Name, name+"-") {
 				lines = append(lines, fmt.Sprintf("event %s %s: %s", e.InvolvedObject.Name, e.Reason, e.Message))
@@ -666,7 +667,7 @@ type reading struct {
 
 // read reads the pool name of namespace ns and counts its pods afresh.
 func read(ctx context.Context, c client.Client, ns, name string) (reading, error) {
-	pool := builder.WorkerPool(ns, name, 0)
+	pool := operator.Pool(ns, name, 0)
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
 		return reading{}, err
 	}
@@ -674,7 +675,7 @@ func read(ctx context.Context, c client.Client, ns, name string) (reading, error
 	if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
 		return reading{}, err
 	}
-	r := reading{pool: pool, pods: pods.Items, truth: framework.Truth(pods.Items, ns, pool.GetUID()), equal: true}
+	r := reading{pool: pool, pods: pods.Items, truth: truth.Counts(pods.Items, ns, pool.GetUID()), equal: true}
 	var parts []string
 	for _, count := range config.Counts {
 		v, found, _ := unstructured.NestedInt64(pool.Object, "status", string(count))
@@ -710,7 +711,7 @@ func memory(ctx context.Context, t *testing.T, cs *kubernetes.Clientset, fig *fi
 	require.NoError(t, json.Unmarshal(raw, &summary))
 	var lines []string
 	for _, p := range summary.Pods {
-		if p.PodRef.Namespace != framework.ReleaseNamespace && p.PodRef.Namespace != demo.OperatorNamespace {
+		if p.PodRef.Namespace != helm.Namespace && p.PodRef.Namespace != demo.OperatorNamespace {
 			continue
 		}
 		var ws uint64

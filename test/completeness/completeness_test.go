@@ -18,6 +18,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	aggregatorapp "tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -70,7 +71,7 @@ func TestCountsBeforeStamps(t *testing.T) {
 	for _, name := range names {
 		uids[name] = createPool(t, ns, name)
 		for i := range 300 {
-			b := builder.Pod(ns, fmt.Sprintf("%s-%03d", name, i)).ControlledBy(builder.WorkerPoolGVK, name, uids[name]).Mixed(i)
+			b := builder.Pod(ns, fmt.Sprintf("%s-%03d", name, i)).ControlledBy(operator.GVK, name, uids[name]).Mixed(i)
 			switch i % 5 {
 			case 1:
 				b = b.Phase(corev1.PodFailed)
@@ -167,7 +168,7 @@ func TestOutageUnderIgnore(t *testing.T) {
 
 	converges(t, ns, "pool", uid, 15*time.Second)
 	stamps(t, ns)
-	assert.Equal(t, int64(60), sum(truth(t, ns, uid)))
+	assert.Equal(t, int64(60), sum(listTruth(t, ns, uid)))
 	// Intents set while the webhook was down are recorded as first seen by
 	// the sweep, by no one observed.
 	got := &corev1.Pod{}

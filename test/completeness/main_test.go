@@ -32,6 +32,11 @@ import (
 	"tally.dev/tally/certs/devcert"
 	aggregatorapp "tally.dev/tally/cmd/aggregator/app"
 	webhookapp "tally.dev/tally/cmd/webhook/app"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/helm"
+	"tally.dev/tally/internal/process"
+	"tally.dev/tally/internal/truth"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -41,7 +46,7 @@ import (
 
 var (
 	env *framework.Env
-	// aggregatorConfig reaches the API server as framework.AggregatorUser.
+	// aggregatorConfig reaches the API server as helm.AggregatorUser.
 	aggregatorConfig *rest.Config
 )
 
@@ -54,13 +59,13 @@ var workerPools = []config.Parent{{Group: "example.tally.dev", Version: "v1", Ki
 
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
-	os.Exit(framework.Main(m, framework.Options{}, &env, func(e *framework.Env) error {
+	os.Exit(framework.Main(m, controlplane.Options{}, &env, func(e *framework.Env) error {
 		user, err := e.AggregatorIdentity()
 		if err != nil {
 			return err
 		}
 		aggregatorConfig = user.Config()
-		return e.InstallPolicies(context.Background())
+		return helm.InstallPolicies(context.Background(), e.Client)
 	}))
 }
 
@@ -86,7 +91,7 @@ func newWebhook(t *testing.T) *webhook {
 	require.NoError(t, err)
 	w := &webhook{ca: ca, certDir: t.TempDir()}
 	require.NoError(t, pair.WriteDir(w.certDir))
-	w.port, err = framework.FreePort()
+	w.port, err = process.FreePort()
 	require.NoError(t, err)
 	t.Cleanup(w.stop)
 	return w
@@ -129,7 +134,7 @@ func (w *webhook) register(t *testing.T, ns string, policy admissionregistration
 	time.Sleep(2 * time.Second)
 }
 
-// startAggregator runs the aggregator as framework.AggregatorUser until the
+// startAggregator runs the aggregator as helm.AggregatorUser until the
 // test ends.
 func startAggregator(t *testing.T, backfill time.Duration, verifyOwner bool) {
 	t.Helper()
@@ -138,7 +143,7 @@ func startAggregator(t *testing.T, backfill time.Duration, verifyOwner bool) {
 }
 
 // runAggregator runs the aggregator with cfg and opts as
-// framework.AggregatorUser until the test ends.
+// helm.AggregatorUser until the test ends.
 func runAggregator(t *testing.T, cfg *config.Config, opts aggregatorapp.Options) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -158,7 +163,7 @@ func runAggregator(t *testing.T, cfg *config.Config, opts aggregatorapp.Options)
 
 func createPool(t *testing.T, ns, name string) types.UID {
 	t.Helper()
-	pool := builder.WorkerPool(ns, name, 1)
+	pool := operator.Pool(ns, name, 1)
 	require.NoError(t, env.Client.Create(context.Background(), pool))
 	return pool.GetUID()
 }
@@ -168,7 +173,7 @@ func createPool(t *testing.T, ns, name string) types.UID {
 func podsOf(ns, parent string, uid types.UID, from, n int) []*corev1.Pod {
 	pods := make([]*corev1.Pod, n)
 	for i := range pods {
-		pods[i] = builder.Pod(ns, fmt.Sprintf("%s-%03d", parent, from+i)).ControlledBy(builder.WorkerPoolGVK, parent, uid).Mixed(i).Build()
+		pods[i] = builder.Pod(ns, fmt.Sprintf("%s-%03d", parent, from+i)).ControlledBy(operator.GVK, parent, uid).Mixed(i).Build()
 	}
 	return pods
 }
@@ -210,17 +215,17 @@ func createAll(t *testing.T, c client.Client, pods []*corev1.Pod) {
 	}
 }
 
-func truth(t *testing.T, ns string, uid types.UID) map[config.Count]int64 {
+func listTruth(t *testing.T, ns string, uid types.UID) map[config.Count]int64 {
 	t.Helper()
 	var pods corev1.PodList
 	require.NoError(t, env.Client.List(context.Background(), &pods, client.InNamespace(ns)))
-	return framework.Truth(pods.Items, ns, uid)
+	return truth.Counts(pods.Items, ns, uid)
 }
 
 func shown(t *testing.T, ns, name string) map[config.Count]int64 {
 	t.Helper()
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(builder.WorkerPoolGVK)
+	u.SetGroupVersionKind(operator.GVK)
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, u))
 	return fieldsOf(u)
 }
@@ -243,7 +248,7 @@ func converges(t *testing.T, ns, name string, uid types.UID, timeout time.Durati
 	var want, got map[config.Count]int64
 	deadline := time.Now().Add(timeout)
 	for {
-		want, got = truth(t, ns, uid), shown(t, ns, name)
+		want, got = listTruth(t, ns, uid), shown(t, ns, name)
 		if fmt.Sprint(want) == fmt.Sprint(got) {
 			return
 		}
@@ -285,7 +290,7 @@ func record(t *testing.T, ns string) *recorder {
 	t.Helper()
 	dyn, err := dynamic.NewForConfig(env.Config)
 	require.NoError(t, err)
-	w, err := dyn.Resource(builder.WorkerPoolGVK.GroupVersion().WithResource("workerpools")).Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
+	w, err := dyn.Resource(operator.GVK.GroupVersion().WithResource("workerpools")).Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
 	require.NoError(t, err)
 	t.Cleanup(w.Stop)
 	r := &recorder{written: map[string][]map[config.Count]int64{}}
@@ -311,7 +316,7 @@ func record(t *testing.T, ns string) *recorder {
 func (r *recorder) allTrue(t *testing.T, ns string, uids map[string]types.UID) {
 	t.Helper()
 	for name, uid := range uids {
-		want := truth(t, ns, uid)
+		want := listTruth(t, ns, uid)
 		got := r.of(name)
 		require.NotEmpty(t, got, name)
 		for i, g := range got {

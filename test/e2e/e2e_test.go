@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"tally.dev/tally/internal/demo"
+	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/test/framework"
 )
@@ -40,7 +41,7 @@ func TestDemoScenario(t *testing.T) {
 	d, err := demo.Start(ctx, demo.Options{
 		Dir:        t.TempDir(),
 		BinDir:     buildBinaries(t),
-		ConfigFile: framework.Path("examples", "workerpool", "config.yaml"),
+		ConfigFile: repo.Path("examples", "workerpool", "config.yaml"),
 		Duration:   12 * time.Second,
 		Seed:       42,
 		Out:        t.Output(),
@@ -90,7 +91,7 @@ func TestInterruptStopsCleanly(t *testing.T) {
 	require.NoError(t, framework.BuildBinaries(bin, "tally-demo"))
 	dir := t.TempDir()
 	cmd := exec.Command(filepath.Join(bin, "tally-demo"), "--duration", "60s", "--dir", dir, "--bin", bin,
-		"--config", framework.Path("examples", "workerpool", "config.yaml"))
+		"--config", repo.Path("examples", "workerpool", "config.yaml"))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()

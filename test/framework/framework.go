@@ -1,121 +1,42 @@
-// Package framework starts the real control plane (kube-apiserver and etcd,
-// built from source by `make envtest-assets`) that tally's integration suites
-// run against, and holds the builders those suites share. Each test package
-// starts one control plane in its TestMain.
+// Package framework is what tally's integration suites share on top of
+// internal/controlplane: one control plane per test package (Main), tally's
+// binaries built and run as processes, webhook registration against the
+// test process, and the fault injectors (a cutting proxy, a conflict log).
 package framework
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/repo"
 )
 
-// KubernetesVersion is the version of the kube-apiserver the suites run
-// against; the Makefile builds it into bin/k8s/<version>.
-const KubernetesVersion = "1.37.2"
-
-// Root returns the repository's root directory.
-func Root() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
-// Path returns a path relative to the repository's root.
-func Path(elem ...string) string {
-	return filepath.Join(append([]string{Root()}, elem...)...)
-}
-
-// Env is a running control plane.
+// Env is a running control plane with what the suites ask of it.
 type Env struct {
-	*envtest.Environment
-	// Config reaches the API server as a cluster administrator.
-	Config *rest.Config
-	// Client is a client built from Config.
-	Client client.Client
+	*controlplane.Env
 }
 
-// Options change what Start installs.
-type Options struct {
-	// CRDPaths are extra CRD files or folders; the WorkerPool CRD is always
-	// installed.
-	CRDPaths []string
-	// Webhooks registers admission webhooks that point at the test process.
-	Webhooks envtest.WebhookInstallOptions
-	// EtcdQuotaBytes raises etcd's storage quota (2 GiB by default), for
-	// the scale bench.
-	EtcdQuotaBytes int64
-}
-
-// Start starts kube-apiserver and etcd and installs the CRDs. The binaries
-// come from KUBEBUILDER_ASSETS or, when unset, from bin/k8s/<version>.
-func Start(opts Options) (*Env, error) {
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		assets = Path("bin", "k8s", KubernetesVersion)
-	}
-	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
-		return nil, fmt.Errorf("no kube-apiserver in %s (run `make envtest-assets`): %w", assets, err)
-	}
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDInstallOptions: envtest.CRDInstallOptions{
-			Paths:              append([]string{Path("examples", "workerpool", "crd")}, opts.CRDPaths...),
-			ErrorIfPathMissing: true,
-		},
-		WebhookInstallOptions: opts.Webhooks,
-	}
-	if opts.EtcdQuotaBytes > 0 {
-		env.ControlPlane.Etcd = &envtest.Etcd{}
-		env.ControlPlane.Etcd.Configure().Set("quota-backend-bytes", strconv.FormatInt(opts.EtcdQuotaBytes, 10))
-	}
-	cfg, err := env.Start()
+// Start starts a control plane (controlplane.Start).
+func Start(opts controlplane.Options) (*Env, error) {
+	env, err := controlplane.Start(opts)
 	if err != nil {
-		return nil, fmt.Errorf("starting control plane: %w", err)
+		return nil, err
 	}
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("creating client: %w", err), env.Stop())
-	}
-	return &Env{Environment: env, Config: cfg, Client: c}, nil
+	return &Env{Env: env}, nil
 }
 
-// Namespace creates a namespace with a generated name and returns its name.
-func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
-	if err := e.Client.Create(ctx, ns); err != nil {
-		return "", fmt.Errorf("creating namespace: %w", err)
-	}
-	return ns.Name, nil
-}
-
-// Tool versions the chart tests use; the Makefile builds them into bin/
-// and exports their paths as HELM and CERT_MANAGER_CRDS.
-const (
-	HelmVersion        = "v3.22.0"
-	CertManagerVersion = "v1.21.2"
-)
-
-// HelmBinary returns the path of the helm binary: $HELM, else
-// bin/helm-<version>.
-func HelmBinary() string {
-	if h := os.Getenv("HELM"); h != "" {
-		return h
-	}
-	return Path("bin", "helm-"+HelmVersion)
-}
+// CertManagerVersion is the cert-manager whose CRDs the chart tests
+// install; the Makefile fetches them and exports their folder as
+// CERT_MANAGER_CRDS.
+const CertManagerVersion = "v1.21.2"
 
 // CertManagerCRDs returns the folder of cert-manager's CRDs:
 // $CERT_MANAGER_CRDS, else bin/cert-manager-crds-<version>.
@@ -123,13 +44,13 @@ func CertManagerCRDs() string {
 	if d := os.Getenv("CERT_MANAGER_CRDS"); d != "" {
 		return d
 	}
-	return Path("bin", "cert-manager-crds-"+CertManagerVersion)
+	return repo.Path("bin", "cert-manager-crds-"+CertManagerVersion)
 }
 
 // Main is a test package's TestMain body: it starts one control plane for
 // the package, stores it in *env, runs setup on it, runs the tests and stops
 // it. It returns the exit code.
-func Main(m interface{ Run() int }, opts Options, env **Env, setup ...func(*Env) error) int {
+func Main(m interface{ Run() int }, opts controlplane.Options, env **Env, setup ...func(*Env) error) int {
 	var err error
 	if *env, err = Start(opts); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -153,7 +74,7 @@ func Main(m interface{ Run() int }, opts Options, env **Env, setup ...func(*Env)
 func BuildBinaries(dir string, names ...string) error {
 	for _, name := range names {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
-		cmd.Dir = Root()
+		cmd.Dir = repo.Root()
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("building %s: %w: %s", name, err, out)
 		}
@@ -179,7 +100,7 @@ func (e *Env) StatusCount(ctx context.Context, gvk schema.GroupVersionKind, ns, 
 // MainWithBinaries is Main for a package that runs tally's binaries: it
 // builds the commands names into a temporary directory, which *bin names,
 // and removes it at the end.
-func MainWithBinaries(m interface{ Run() int }, opts Options, env **Env, bin *string, names ...string) int {
+func MainWithBinaries(m interface{ Run() int }, opts controlplane.Options, env **Env, bin *string, names ...string) int {
 	var err error
 	if *bin, err = os.MkdirTemp("", "tally-bin-"); err != nil {
 		fmt.Fprintln(os.Stderr, err)

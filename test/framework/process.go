@@ -18,7 +18,7 @@ import (
 // its probe address.
 func StartProcess(t testing.TB, bin, name string, args ...string) (*process.Process, string) {
 	t.Helper()
-	probe, err := FreePort()
+	probe, err := process.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

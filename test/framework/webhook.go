@@ -15,19 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/mutate"
 )
-
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
 
 // ServingCertificate dials a TLS server trusting caPEM and returns the
 // certificate it serves.
@@ -86,7 +77,7 @@ func (e *Env) WebhookNamespace(t testing.TB, prefix string) string {
 // when the test ends. The API server picks it up asynchronously.
 func (e *Env) RegisterWebhook(t testing.TB, cfg *config.Config, clientConfig admissionregistrationv1.WebhookClientConfig, ns string, policy admissionregistrationv1.FailurePolicyType) {
 	t.Helper()
-	wh := mutate.Webhook(cfg, clientConfig, AggregatorUser)
+	wh := mutate.Webhook(cfg, clientConfig, helm.AggregatorUser)
 	wh.FailurePolicy = &policy
 	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{NamespaceLabel: ns}}
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{

@@ -33,6 +33,9 @@ import (
 
 	"tally.dev/tally/certs/devcert"
 	aggregatorapp "tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
@@ -55,7 +58,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = filepath.Join(dir, "bin")
-	code := framework.Main(m, framework.Options{}, &env, func(e *framework.Env) error {
+	code := framework.Main(m, controlplane.Options{}, &env, func(e *framework.Env) error {
 		if err := framework.BuildBinaries(bin, "webhook", "aggregator"); err != nil {
 			return err
 		}
@@ -66,14 +69,14 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return err
 		}
-		if err := framework.WriteKubeconfig(user, filepath.Join(dir, "aggregator.kubeconfig")); err != nil {
+		if err := controlplane.WriteKubeconfig(user, filepath.Join(dir, "aggregator.kubeconfig")); err != nil {
 			return err
 		}
 		admin, err := e.AddUser(envtest.User{Name: "ha-admin", Groups: []string{"system:masters"}}, nil)
 		if err != nil {
 			return err
 		}
-		return framework.WriteKubeconfig(admin, filepath.Join(dir, "admin.kubeconfig"))
+		return controlplane.WriteKubeconfig(admin, filepath.Join(dir, "admin.kubeconfig"))
 	})
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
@@ -96,7 +99,7 @@ type aggregator struct {
 
 func startAggregator(t *testing.T, name, leaseNS string) *aggregator {
 	t.Helper()
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	require.NoError(t, err)
 	probe := fmt.Sprintf("127.0.0.1:%d", port)
 	p, err := process.Start(name, filepath.Join(bin, "aggregator"), t.TempDir(),
@@ -140,11 +143,11 @@ func holder(t *testing.T, leaseNS string) string {
 func pool(t *testing.T, ns string, n int) (types.UID, []*corev1.Pod) {
 	t.Helper()
 	ctx := context.Background()
-	p := builder.WorkerPool(ns, "pool", int64(n))
+	p := operator.Pool(ns, "pool", int64(n))
 	require.NoError(t, env.Client.Create(ctx, p))
 	var pods []*corev1.Pod
 	for i := range n {
-		pod := builder.Pod(ns, fmt.Sprintf("pool-%02d", i)).ControlledBy(builder.WorkerPoolGVK, "pool", p.GetUID()).
+		pod := builder.Pod(ns, fmt.Sprintf("pool-%02d", i)).ControlledBy(operator.GVK, "pool", p.GetUID()).
 			Label(keys.ParentUID, string(p.GetUID())).Build()
 		require.NoError(t, env.Client.Create(ctx, pod))
 		pods = append(pods, pod)
@@ -164,7 +167,7 @@ func markIntent(t *testing.T, pods []*corev1.Pod) {
 // completing reads the pool's status.completing; -1 when absent.
 func completing(t *testing.T, ns string) int64 {
 	t.Helper()
-	v, err := env.StatusCount(context.Background(), builder.WorkerPoolGVK, ns, "pool", "status", "completing")
+	v, err := env.StatusCount(context.Background(), operator.GVK, ns, "pool", "status", "completing")
 	require.NoError(t, err)
 	return v
 }
@@ -233,7 +236,7 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 
 	dyn, err := dynamic.NewForConfig(env.Config)
 	require.NoError(t, err)
-	w, err := dyn.Resource(builder.WorkerPoolGVK.GroupVersion().WithResource("workerpools")).Namespace(ns).
+	w, err := dyn.Resource(operator.GVK.GroupVersion().WithResource("workerpools")).Namespace(ns).
 		Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=pool"})
 	require.NoError(t, err)
 	defer w.Stop()
@@ -270,9 +273,9 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 // on a free port; it returns the process and its address.
 func webhookReplica(t *testing.T, name, certDir string) (*process.Process, string) {
 	t.Helper()
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	require.NoError(t, err)
-	probe, err := framework.FreePort()
+	probe, err := process.FreePort()
 	require.NoError(t, err)
 	p, err := process.Start(name, filepath.Join(bin, "webhook"), t.TempDir(),
 		"--config", filepath.Join(dir, "config.yaml"), "--kubeconfig", filepath.Join(dir, "admin.kubeconfig"),
@@ -298,7 +301,7 @@ func TestWebhookRolloutRefusesNothing(t *testing.T) {
 	ctx := context.Background()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "rollout-", Labels: map[string]string{"tally.dev/test": "rollout"}}}
 	require.NoError(t, env.Client.Create(ctx, ns))
-	parent := builder.WorkerPool(ns.Name, "pool", 0)
+	parent := operator.Pool(ns.Name, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, parent))
 
 	ca, err := devcert.NewCA("tally ha CA", time.Hour)
@@ -315,7 +318,7 @@ func TestWebhookRolloutRefusesNothing(t *testing.T) {
 
 	wh := mutate.Webhook(&config.Config{Parents: []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}}}, admissionregistrationv1.WebhookClientConfig{
 		URL: ptr.To("https://" + service.Addr() + mutate.Path), CABundle: ca.CertPEM,
-	}, framework.AggregatorUser)
+	}, helm.AggregatorUser)
 	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"tally.dev/test": "rollout"}}
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-rollout"}, Webhooks: []admissionregistrationv1.MutatingWebhook{wh}}
 	require.NoError(t, env.Client.Create(ctx, mwc))
@@ -336,7 +339,7 @@ func TestWebhookRolloutRefusesNothing(t *testing.T) {
 			service.SetBackends(secondAddr) // the endpoint is removed, late
 			dropped = true
 		}
-		pod := builder.Pod(ns.Name, fmt.Sprintf("pod-%04d", i)).ControlledBy(builder.WorkerPoolGVK, "pool", parent.GetUID()).Build()
+		pod := builder.Pod(ns.Name, fmt.Sprintf("pod-%04d", i)).ControlledBy(operator.GVK, "pool", parent.GetUID()).Build()
 		if err := env.Client.Create(ctx, pod); err != nil {
 			failed++
 			failures = append(failures, err.Error())

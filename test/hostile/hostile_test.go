@@ -31,13 +31,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"tally.dev/tally/certs/devcert"
+	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/internal/process"
+	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/test/framework"
 )
 
 var env *framework.Env
 
-func TestMain(m *testing.M) { os.Exit(framework.Main(m, framework.Options{}, &env)) }
+func TestMain(m *testing.M) { os.Exit(framework.Main(m, controlplane.Options{}, &env)) }
 
 // review is a CREATE AdmissionReview of a tracked pod of about 2 KiB.
 func review(i int) []byte {
@@ -80,7 +82,7 @@ func startWebhook(t *testing.T, fault bool) *webhook {
 	if fault {
 		build.Args = slices.Insert(build.Args, 2, "-tags", "tallyfault")
 	}
-	build.Dir = framework.Root()
+	build.Dir = repo.Root()
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "building the webhook: %s", out)
 	ca, err := devcert.NewCA("tally hostile CA", time.Hour)
@@ -94,9 +96,9 @@ func startWebhook(t *testing.T, fault bool) *webhook {
 	kubeconfig, err := admin.KubeConfig()
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "kubeconfig"), kubeconfig, 0o600))
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	require.NoError(t, err)
-	probe, err := framework.FreePort()
+	probe, err := process.FreePort()
 	require.NoError(t, err)
 	wh, err := process.Start("webhook", filepath.Join(dir, "webhook"), dir,
 		"--config", filepath.Join(dir, "config.yaml"), "--kubeconfig", filepath.Join(dir, "kubeconfig"), "--cert-dir", dir,

@@ -26,13 +26,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/internal/image"
-	"tally.dev/tally/test/framework"
+	"tally.dev/tally/internal/repo"
 )
 
 func build(t *testing.T, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("go", append([]string{"run", "./hack/image"}, args...)...)
-	cmd.Dir = framework.Root()
+	cmd.Dir = repo.Root()
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	return string(out)
@@ -63,7 +63,7 @@ func untar(t *testing.T, archive string) string {
 func gitHead(t *testing.T) string {
 	t.Helper()
 	cmd := exec.Command("git", "rev-parse", "HEAD")
-	cmd.Dir = framework.Root()
+	cmd.Dir = repo.Root()
 	out, err := cmd.Output()
 	require.NoError(t, err)
 	return strings.TrimSpace(string(out))
@@ -71,7 +71,7 @@ func gitHead(t *testing.T) string {
 
 func appVersion(t *testing.T) string {
 	t.Helper()
-	data, err := os.ReadFile(framework.Path("charts", "tally", "Chart.yaml"))
+	data, err := os.ReadFile(repo.Path("charts", "tally", "Chart.yaml"))
 	require.NoError(t, err)
 	var chart struct {
 		AppVersion string `json:"appVersion"`

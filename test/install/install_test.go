@@ -33,7 +33,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/internal/demo"
+	"tally.dev/tally/internal/helm"
+	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -41,8 +44,8 @@ import (
 )
 
 const (
-	release = framework.Release
-	ns      = framework.ReleaseNamespace
+	release = helm.Release
+	ns      = helm.Namespace
 )
 
 var (
@@ -51,26 +54,15 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.MainWithBinaries(m, framework.Options{}, &env, &bin, "webhook", "aggregator", "kubectl-tally"))
+	os.Exit(framework.MainWithBinaries(m, controlplane.Options{}, &env, &bin, "webhook", "aggregator", "kubectl-tally"))
 }
 
-// values tracks the example WorkerPool, and a kind held back (its CRD is
-// not installed): the aggregator serves the one and reports the other.
-const values = `parents:
-  - group: example.tally.dev
-    version: v1
-    kind: WorkerPool
-    resource: workerpools
-    counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected}
-  - group: held.tally.dev
-    version: v1
-    kind: HeldBackPool
-    resource: heldbackpools
-certificates:
-  mode: helm
-  helm:
-    ipAddresses: ["127.0.0.1"]
-`
+// parents are the example WorkerPool, and a kind held back (its CRD is not
+// installed): the aggregator serves the one and reports the other.
+var parents = []config.Parent{
+	helm.WorkerPool(config.Counts...),
+	{Group: "held.tally.dev", Version: "v1", Kind: "HeldBackPool", Resource: "heldbackpools"},
+}
 
 func TestInstallUpgradeUninstall(t *testing.T) {
 	ctx := context.Background()
@@ -81,14 +73,14 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	require.NoError(t, err)
 	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
 	require.NoError(t, os.WriteFile(kubeconfig, adminConfig, 0o600))
-	valuesFile := filepath.Join(dir, "values.yaml")
-	require.NoError(t, os.WriteFile(valuesFile, []byte(values), 0o600))
-	helm := func(args ...string) string {
-		out, err := framework.Helm(append(args, "--kubeconfig", kubeconfig)...)
+	valuesFile, err := helm.WriteValues(dir, parents, helm.LocalCertificates)
+	require.NoError(t, err)
+	helmRun := func(args ...string) string {
+		out, err := helm.Run(append(args, "--kubeconfig", kubeconfig)...)
 		require.NoError(t, err)
 		return out
 	}
-	helm("install", release, framework.Path("charts", "tally"), "--namespace", ns, "--create-namespace", "-f", valuesFile)
+	helmRun("install", release, helm.Chart(), "--namespace", ns, "--create-namespace", "-f", valuesFile)
 
 	// The installed config and certificates, for the binaries.
 	var cm corev1.ConfigMap
@@ -105,11 +97,11 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, release+"-webhook", filepath.Join(dir, "webhook.kubeconfig")))
 	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, release+"-aggregator", filepath.Join(dir, "aggregator.kubeconfig")))
 
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	require.NoError(t, err)
 	webhook, _ := framework.StartProcess(t, bin, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
 		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
-	metrics, err := framework.FreePort()
+	metrics, err := process.FreePort()
 	require.NoError(t, err)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", metrics)
 	aggregator, _ := framework.StartProcess(t, bin, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
@@ -128,7 +120,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 	d, err := demo.Start(ctx, demo.Options{
 		Dir: filepath.Join(dir, "demo"), ConfigFile: configFile, Duration: 12 * time.Second, Seed: 42, Out: t.Output(),
-		Installed: &demo.Installed{Env: env, AggregatorMetrics: metricsAddr},
+		Installed: &demo.Installed{Env: env.Env, AggregatorMetrics: metricsAddr},
 	})
 	require.NoError(t, err)
 	require.NoError(t, d.Run(ctx), "the demo scenario with tally running as the chart installed it")
@@ -145,9 +137,10 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	// certificates, and register the webhook for the new parents.
 	var before appsv1.Deployment
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-aggregator"}, &before))
-	upgraded := strings.Replace(values, "kind: HeldBackPool\n    resource: heldbackpools", "kind: BatchPool\n    resource: batchpools", 1)
-	require.NoError(t, os.WriteFile(valuesFile, []byte(upgraded+"logLevel: debug\n"), 0o600))
-	helm("upgrade", release, framework.Path("charts", "tally"), "--namespace", ns, "-f", valuesFile)
+	upgraded := []config.Parent{parents[0], {Group: "held.tally.dev", Version: "v1", Kind: "BatchPool", Resource: "batchpools"}}
+	_, err = helm.WriteValues(dir, upgraded, helm.LocalCertificates, map[string]any{"logLevel": "debug"})
+	require.NoError(t, err)
+	helmRun("upgrade", release, helm.Chart(), "--namespace", ns, "-f", valuesFile)
 	var after appsv1.Deployment
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-aggregator"}, &after))
 	assert.NotEqual(t, before.Spec.Template.Annotations["checksum/config"], after.Spec.Template.Annotations["checksum/config"], "the config change does not roll the aggregator")
@@ -169,7 +162,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	require.NoError(t, webhook.Stop())
 	require.NoError(t, aggregator.Stop())
 	runUninstallHook(t, ctx, dir, adminConfig, valuesFile)
-	helm("uninstall", release, "--namespace", ns, "--wait", "--no-hooks")
+	helmRun("uninstall", release, "--namespace", ns, "--wait", "--no-hooks")
 	for _, gvk := range framework.ChartKinds {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk)
@@ -184,10 +177,10 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 // and released every pod, then deletes what it created.
 func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig []byte, valuesFile string) {
 	t.Helper()
-	manifest, err := framework.Helm("template", release, framework.Path("charts", "tally"), "--namespace", ns, "-f", valuesFile,
+	manifest, err := helm.Run("template", release, helm.Chart(), "--namespace", ns, "-f", valuesFile,
 		"--show-only", "templates/uninstall-hook.yaml")
 	require.NoError(t, err)
-	objs, err := framework.Objects(manifest)
+	objs, err := helm.Objects(manifest)
 	require.NoError(t, err)
 	var args []string
 	var serviceAccount string

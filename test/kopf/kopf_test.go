@@ -29,23 +29,25 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/internal/demo"
+	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
-	"tally.dev/tally/test/builder"
 	"tally.dev/tally/test/framework"
 )
 
 var (
-	operatorFile = framework.Path("examples", "kopf", "operator.py")
+	operatorFile = repo.Path("examples", "kopf", "operator.py")
 	env          *framework.Env
 )
 
 // TestMain starts the package's control plane, for the CRD check. Running
 // the operator (only where kopf is importable) needs the whole demo, which
 // starts its own.
-func TestMain(m *testing.M) { os.Exit(framework.Main(m, framework.Options{}, &env)) }
+func TestMain(m *testing.M) { os.Exit(framework.Main(m, controlplane.Options{}, &env)) }
 
 // python returns the interpreter the example runs with: $KOPF_PYTHON, else
 // python3 on PATH. $KOPF_PATH, when set, is added to its PYTHONPATH (a
@@ -105,7 +107,7 @@ func TestNewPodIsStampedAsTheWebhookWould(t *testing.T) {
 // TestDocsShowTheExample: the Kopf file in docs/frameworks.md is the
 // example, to the byte, so the docs' file runs as the example does.
 func TestDocsShowTheExample(t *testing.T) {
-	docs, err := os.ReadFile(framework.Path("docs", "frameworks.md"))
+	docs, err := os.ReadFile(repo.Path("docs", "frameworks.md"))
 	require.NoError(t, err)
 	block := regexp.MustCompile("(?s)```python\n(.*?)```").FindSubmatch(docs)
 	require.NotNil(t, block, "no python block in docs/frameworks.md")
@@ -118,7 +120,7 @@ func TestDocsShowTheExample(t *testing.T) {
 // installs, and its schema declares every status field tally's example
 // configuration maps (else the API server prunes them).
 func TestCRDDeclaresMappedFields(t *testing.T) {
-	cfg, err := config.Load(framework.Path("examples", "workerpool", "config.yaml"))
+	cfg, err := config.Load(repo.Path("examples", "workerpool", "config.yaml"))
 	require.NoError(t, err)
 	var crd apiextensionsv1.CustomResourceDefinition
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Name: "workerpools.example.tally.dev"}, &crd))
@@ -148,7 +150,7 @@ func TestOperatorRunsWithTally(t *testing.T) {
 	bin := t.TempDir()
 	require.NoError(t, framework.BuildBinaries(bin, "webhook", "aggregator"))
 	d, err := demo.Start(ctx, demo.Options{
-		Dir: t.TempDir(), BinDir: bin, ConfigFile: framework.Path("examples", "workerpool", "config.yaml"),
+		Dir: t.TempDir(), BinDir: bin, ConfigFile: repo.Path("examples", "workerpool", "config.yaml"),
 		Duration: time.Minute, Seed: 1, Out: t.Output(),
 	})
 	require.NoError(t, err)
@@ -174,11 +176,11 @@ func TestOperatorRunsWithTally(t *testing.T) {
 		}
 	})
 
-	pool := builder.WorkerPool(ns, "pool", 4)
+	pool := operator.Pool(ns, "pool", 4)
 	require.NoError(t, c.Create(ctx, pool))
 	counts := func() string {
 		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(builder.WorkerPoolGVK)
+		u.SetGroupVersionKind(operator.GVK)
 		if err := c.Get(ctx, client.ObjectKeyFromObject(pool), u); err != nil {
 			return err.Error()
 		}

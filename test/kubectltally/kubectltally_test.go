@@ -33,7 +33,12 @@ import (
 
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/cmd/kubectl-tally/app"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/internal/process"
+	"tally.dev/tally/internal/repo"
+	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/explain"
 	"tally.dev/tally/pkg/intent"
 	"tally.dev/tally/pkg/keys"
@@ -48,25 +53,13 @@ var (
 )
 
 const (
-	ns   = framework.ReleaseNamespace
+	ns   = helm.Namespace
 	pool = "pools"
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.MainWithBinaries(m, framework.Options{}, &env, &bin, "webhook", "aggregator"))
+	os.Exit(framework.MainWithBinaries(m, controlplane.Options{}, &env, &bin, "webhook", "aggregator"))
 }
-
-const values = `parents:
-  - group: example.tally.dev
-    version: v1
-    kind: WorkerPool
-    resource: workerpools
-    counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected}
-certificates:
-  mode: helm
-  helm:
-    ipAddresses: ["127.0.0.1"]
-`
 
 // install is the chart installed and its two binaries running.
 type install struct {
@@ -84,37 +77,37 @@ func setup(t *testing.T) *install {
 	require.NoError(t, err)
 	in.kubeconfig = filepath.Join(in.dir, "admin.kubeconfig")
 	require.NoError(t, os.WriteFile(in.kubeconfig, adminConfig, 0o600))
-	valuesFile := filepath.Join(in.dir, "values.yaml")
-	require.NoError(t, os.WriteFile(valuesFile, []byte(values), 0o600))
-	_, err = framework.Helm("install", framework.Release, framework.Path("charts", "tally"), "--namespace", ns, "--create-namespace", "-f", valuesFile, "--kubeconfig", in.kubeconfig)
+	valuesFile, err := helm.WriteValues(in.dir, []config.Parent{helm.WorkerPool(config.Counts...)}, helm.LocalCertificates)
+	require.NoError(t, err)
+	_, err = helm.Run("install", helm.Release, helm.Chart(), "--namespace", ns, "--create-namespace", "-f", valuesFile, "--kubeconfig", in.kubeconfig)
 	require.NoError(t, err)
 
 	var cm corev1.ConfigMap
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: framework.Release + "-config"}, &cm))
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: helm.Release + "-config"}, &cm))
 	configFile := filepath.Join(in.dir, "config.yaml")
 	require.NoError(t, os.WriteFile(configFile, []byte(cm.Data["config.yaml"]), 0o600))
 	var secret corev1.Secret
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: framework.Release + "-webhook-tls"}, &secret))
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: helm.Release + "-webhook-tls"}, &secret))
 	in.certDir = filepath.Join(in.dir, "tls")
 	require.NoError(t, os.MkdirAll(in.certDir, 0o700))
 	for _, f := range []string{"tls.crt", "tls.key"} {
 		require.NoError(t, os.WriteFile(filepath.Join(in.certDir, f), secret.Data[f], 0o600))
 	}
 	for _, sa := range []string{"webhook", "aggregator"} {
-		require.NoError(t, framework.KubeconfigAs(adminConfig, ns, framework.Release+"-"+sa, filepath.Join(in.dir, sa+".kubeconfig")))
+		require.NoError(t, framework.KubeconfigAs(adminConfig, ns, helm.Release+"-"+sa, filepath.Join(in.dir, sa+".kubeconfig")))
 	}
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	require.NoError(t, err)
 	in.webhookArgs = []string{"--config", configFile, "--kubeconfig", filepath.Join(in.dir, "webhook.kubeconfig"), "--cert-dir", in.certDir,
 		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s"}
 	in.webhook, _ = framework.StartProcess(t, bin, "webhook", in.webhookArgs...)
 	in.aggregator, _ = framework.StartProcess(t, bin, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(in.dir, "aggregator.kubeconfig"),
-		"--leader-elect", "--leader-election-namespace", ns, "--leader-election-id", framework.Release+"-aggregator",
+		"--leader-elect", "--leader-election-namespace", ns, "--leader-election-id", helm.Release+"-aggregator",
 		"--metrics-bind-address", "0", "--backfill-interval", "1h")
 
 	// The installed registration, pointed at the local webhook.
 	var mwc admissionregistrationv1.MutatingWebhookConfiguration
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
 	mwc.Webhooks[0].ClientConfig.Service = nil
 	mwc.Webhooks[0].ClientConfig.URL = ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path))
 	require.NoError(t, env.Client.Update(ctx, &mwc))
@@ -140,7 +133,7 @@ var (
 func golden(t *testing.T, name, got string) {
 	t.Helper()
 	got = agoRE.ReplaceAllString(timeRE.ReplaceAllString(uidRE.ReplaceAllString(got, "<uid>"), "<time>"), "<age> ago")
-	path := framework.Path("test", "kubectltally", "testdata", name+".golden")
+	path := repo.Path("test", "kubectltally", "testdata", name+".golden")
 	if os.Getenv("UPDATE_GOLDEN") == "true" {
 		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
 		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
@@ -153,7 +146,7 @@ func golden(t *testing.T, name, got string) {
 // newPool creates a pool with one pod in each class, through the webhook.
 func newPool(t *testing.T, name string) *unstructured.Unstructured {
 	ctx := context.Background()
-	p := builder.WorkerPool(pool, name, 4)
+	p := operator.Pool(pool, name, 4)
 	require.NoError(t, env.Client.Create(ctx, p))
 	states := []struct {
 		suffix string
@@ -161,7 +154,7 @@ func newPool(t *testing.T, name string) *unstructured.Unstructured {
 		phase  corev1.PodPhase
 	}{{"active", false, corev1.PodRunning}, {"completing", true, corev1.PodRunning}, {"completed", true, corev1.PodSucceeded}, {"unexpected", false, corev1.PodFailed}}
 	for _, s := range states {
-		pod := builder.Pod(pool, name+"-"+s.suffix).ControlledBy(builder.WorkerPoolGVK, name, p.GetUID()).Build()
+		pod := builder.Pod(pool, name+"-"+s.suffix).ControlledBy(operator.GVK, name, p.GetUID()).Build()
 		require.NoError(t, env.Client.Create(ctx, pod))
 		if s.intent {
 			require.NoError(t, intent.MarkForCompletion(ctx, env.Client, pod, "scale-down"))
@@ -200,10 +193,10 @@ func TestExplainAndDoctor(t *testing.T) {
 		in.settled(t, "unstamped")
 		// Pods the webhook never saw: created while it is not registered.
 		var mwc admissionregistrationv1.MutatingWebhookConfiguration
-		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
 		require.NoError(t, env.Client.Delete(ctx, &mwc))
 		time.Sleep(2 * time.Second)
-		require.NoError(t, env.Client.Create(ctx, builder.Pod(pool, "unstamped-missed").ControlledBy(builder.WorkerPoolGVK, p.GetName(), p.GetUID()).Build()))
+		require.NoError(t, env.Client.Create(ctx, builder.Pod(pool, "unstamped-missed").ControlledBy(operator.GVK, p.GetName(), p.GetUID()).Build()))
 		forged := builder.Pod(pool, "unstamped-forged").Build()
 		forged.Labels = map[string]string{keys.ParentUID: string(p.GetUID())}
 		require.NoError(t, env.Client.Create(ctx, forged))
@@ -246,19 +239,19 @@ func TestExplainAndDoctor(t *testing.T) {
 			other, err := devcert.NewCA("another CA", time.Hour)
 			require.NoError(t, err)
 			var mwc admissionregistrationv1.MutatingWebhookConfiguration
-			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
 			good := mwc.Webhooks[0].ClientConfig.CABundle
 			mwc.Webhooks[0].ClientConfig.CABundle = other.CertPEM
 			require.NoError(t, env.Client.Update(ctx, &mwc))
 			return func() {
-				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
 				mwc.Webhooks[0].ClientConfig.CABundle = good
 				require.NoError(t, env.Client.Update(ctx, &mwc))
 			}
 		}},
 		{"expired certificate", "webhook certificate", func(t *testing.T) func() {
 			var mwc admissionregistrationv1.MutatingWebhookConfiguration
-			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
 			good := map[string][]byte{}
 			for _, f := range []string{"tls.crt", "tls.key"} {
 				b, err := os.ReadFile(filepath.Join(in.certDir, f))
@@ -280,21 +273,21 @@ func TestExplainAndDoctor(t *testing.T) {
 				for f, b := range good {
 					require.NoError(t, os.WriteFile(filepath.Join(in.certDir, f), b, 0o600))
 				}
-				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
 				mwc.Webhooks[0].ClientConfig.CABundle = goodBundle
 				require.NoError(t, env.Client.Update(ctx, &mwc))
 			}
 		}},
 		{"a match condition of an older release", "webhook registration", func(t *testing.T) func() {
 			var mwc admissionregistrationv1.MutatingWebhookConfiguration
-			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
 			good := mwc.Webhooks[0].MatchConditions
 			mwc.Webhooks[0].MatchConditions = slices.DeleteFunc(slices.Clone(good), func(c admissionregistrationv1.MatchCondition) bool {
 				return c.Name == mutate.ChangeConditionName
 			})
 			require.NoError(t, env.Client.Update(ctx, &mwc))
 			return func() {
-				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: framework.Release}, &mwc))
+				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
 				mwc.Webhooks[0].MatchConditions = good
 				require.NoError(t, env.Client.Update(ctx, &mwc))
 			}
@@ -441,6 +434,6 @@ func adminKubeconfig(t *testing.T) string {
 	admin, err := env.AddUser(envtest.User{Name: "finalizers-admin", Groups: []string{"system:masters"}}, nil)
 	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "admin.kubeconfig")
-	require.NoError(t, framework.WriteKubeconfig(admin, path))
+	require.NoError(t, controlplane.WriteKubeconfig(admin, path))
 	return path
 }

@@ -33,6 +33,8 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -46,7 +48,7 @@ var (
 
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(io.MultiWriter(os.Stderr, &logs))))
-	os.Exit(framework.Main(m, framework.Options{}, &env))
+	os.Exit(framework.Main(m, controlplane.Options{}, &env))
 }
 
 type syncBuffer struct {
@@ -81,7 +83,7 @@ func staleSeconds(t *testing.T) float64 {
 
 func completing(t *testing.T, ns string) int64 {
 	t.Helper()
-	v, err := env.StatusCount(context.Background(), builder.WorkerPoolGVK, ns, "pool", "status", "completing")
+	v, err := env.StatusCount(context.Background(), operator.GVK, ns, "pool", "status", "completing")
 	require.NoError(t, err)
 	return v
 }
@@ -90,11 +92,11 @@ func TestStaleWindowIsVisible(t *testing.T) {
 	ctx := context.Background()
 	ns, err := env.Namespace(ctx, "outage")
 	require.NoError(t, err)
-	pool := builder.WorkerPool(ns, "pool", 6)
+	pool := operator.Pool(ns, "pool", 6)
 	require.NoError(t, env.Client.Create(ctx, pool))
 	var pods []*builder.PodBuilder
 	for i := range 6 {
-		pods = append(pods, builder.Pod(ns, fmt.Sprintf("pool-%d", i)).ControlledBy(builder.WorkerPoolGVK, "pool", pool.GetUID()).
+		pods = append(pods, builder.Pod(ns, fmt.Sprintf("pool-%d", i)).ControlledBy(operator.GVK, "pool", pool.GetUID()).
 			Label(keys.ParentUID, string(pool.GetUID())))
 	}
 	for _, b := range pods {
@@ -206,7 +208,7 @@ func watchCompleting(t *testing.T, ns string) func() []int64 {
 	t.Helper()
 	dyn, err := dynamic.NewForConfig(env.Config)
 	require.NoError(t, err)
-	w, err := dyn.Resource(builder.WorkerPoolGVK.GroupVersion().WithResource("workerpools")).Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
+	w, err := dyn.Resource(operator.GVK.GroupVersion().WithResource("workerpools")).Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
 	require.NoError(t, err)
 	t.Cleanup(w.Stop)
 	var mu sync.Mutex
@@ -236,11 +238,11 @@ func createPool(t *testing.T, n int) (string, []*corev1.Pod) {
 	ctx := context.Background()
 	ns, err := env.Namespace(ctx, "outage")
 	require.NoError(t, err)
-	pool := builder.WorkerPool(ns, "pool", int64(n))
+	pool := operator.Pool(ns, "pool", int64(n))
 	require.NoError(t, env.Client.Create(ctx, pool))
 	var pods []*corev1.Pod
 	for i := range n {
-		pod := builder.Pod(ns, fmt.Sprintf("pool-%d", i)).ControlledBy(builder.WorkerPoolGVK, "pool", pool.GetUID()).
+		pod := builder.Pod(ns, fmt.Sprintf("pool-%d", i)).ControlledBy(operator.GVK, "pool", pool.GetUID()).
 			Label(keys.ParentUID, string(pool.GetUID())).Build()
 		require.NoError(t, env.Client.Create(ctx, pod))
 		pods = append(pods, pod)
@@ -282,7 +284,7 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 	markIntent(t, pods[:3])
 	// A parent event: the status overwritten. From the stale pods the
 	// aggregator would write completing: 0 over it.
-	pool := builder.WorkerPool(ns, "pool", 6)
+	pool := operator.Pool(ns, "pool", 6)
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
 	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(99), "status", "completing"))
 	require.NoError(t, env.Client.Status().Update(ctx, pool))

@@ -12,25 +12,26 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"tally.dev/tally/test/builder"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/test/framework"
 )
 
 var env *framework.Env
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.Main(m, framework.Options{}, &env))
+	os.Exit(framework.Main(m, controlplane.Options{}, &env))
 }
 
 func TestStatusApplyRecordsFieldManager(t *testing.T) {
 	ctx := context.Background()
 	ns, err := env.Namespace(ctx, "smoke")
 	require.NoError(t, err)
-	pool := builder.WorkerPool(ns, "pool", 3)
+	pool := operator.Pool(ns, "pool", 3)
 	require.NoError(t, env.Client.Create(ctx, pool))
 
 	patch := &unstructured.Unstructured{}
-	patch.SetGroupVersionKind(builder.WorkerPoolGVK)
+	patch.SetGroupVersionKind(operator.GVK)
 	patch.SetNamespace(ns)
 	patch.SetName("pool")
 	patch.Object["status"] = map[string]any{"completing": int64(2)}
@@ -38,7 +39,7 @@ func TestStatusApplyRecordsFieldManager(t *testing.T) {
 		client.FieldOwner("tally-aggregator"), client.ForceOwnership))
 
 	got := &unstructured.Unstructured{}
-	got.SetGroupVersionKind(builder.WorkerPoolGVK)
+	got.SetGroupVersionKind(operator.GVK)
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, got))
 	completing, _, _ := unstructured.NestedInt64(got.Object, "status", "completing")
 	assert.Equal(t, int64(2), completing)

@@ -33,7 +33,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"tally.dev/tally/certs/devcert"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/internal/process"
+	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -52,7 +56,7 @@ var (
 // The configurations: the example's (every count and both totals), and the
 // same kind without totals.
 var (
-	withTotals    = framework.Path("examples", "workerpool", "config.yaml")
+	withTotals    = repo.Path("examples", "workerpool", "config.yaml")
 	withoutTotals string
 	kindRemoved   string
 )
@@ -67,7 +71,7 @@ func TestMain(m *testing.M) {
 	withoutTotals = filepath.Join(dir, "without-totals.yaml")
 	kindRemoved = filepath.Join(dir, "kind-removed.yaml")
 	bin = filepath.Join(dir, "bin")
-	code := framework.Main(m, framework.Options{}, &env, func(e *framework.Env) error {
+	code := framework.Main(m, controlplane.Options{}, &env, func(e *framework.Env) error {
 		if err := framework.BuildBinaries(bin, "webhook", "aggregator"); err != nil {
 			return err
 		}
@@ -94,17 +98,17 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return err
 		}
-		if err := framework.WriteKubeconfig(user, filepath.Join(dir, "aggregator.kubeconfig")); err != nil {
+		if err := controlplane.WriteKubeconfig(user, filepath.Join(dir, "aggregator.kubeconfig")); err != nil {
 			return err
 		}
 		admin, err := e.AddUser(envtest.User{Name: "totals-admin", Groups: []string{"system:masters"}}, nil)
 		if err != nil {
 			return err
 		}
-		if err := framework.WriteKubeconfig(admin, filepath.Join(dir, "admin.kubeconfig")); err != nil {
+		if err := controlplane.WriteKubeconfig(admin, filepath.Join(dir, "admin.kubeconfig")); err != nil {
 			return err
 		}
-		return e.InstallPolicies(context.Background())
+		return helm.InstallPolicies(context.Background(), e.Client)
 	})
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
@@ -118,22 +122,22 @@ func namespace(t *testing.T) string { return env.WebhookNamespace(t, "totals") }
 // does, for namespace ns only.
 func startWebhook(t *testing.T, ns, cfg string) {
 	t.Helper()
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	require.NoError(t, err)
 	framework.StartProcess(t, bin, "webhook", "--config", cfg, "--kubeconfig", filepath.Join(dir, "admin.kubeconfig"),
 		"--cert-dir", dir, "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
 	parsed, err := config.Load(cfg)
 	require.NoError(t, err)
-	tracksPools := slices.ContainsFunc(parsed.Parents, func(p config.Parent) bool { return p.GroupKind() == builder.WorkerPoolGVK.GroupKind() })
+	tracksPools := slices.ContainsFunc(parsed.Parents, func(p config.Parent) bool { return p.GroupKind() == operator.GVK.GroupKind() })
 	poolTotals := slices.ContainsFunc(parsed.Parents, func(p config.Parent) bool {
-		return p.GroupKind() == builder.WorkerPoolGVK.GroupKind() && p.Tracked()
+		return p.GroupKind() == operator.GVK.GroupKind() && p.Tracked()
 	})
 	env.RegisterWebhook(t, parsed, admissionregistrationv1.WebhookClientConfig{
 		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
 	}, ns, admissionregistrationv1.Fail)
 	// The API server picks registrations up asynchronously.
 	require.Eventually(t, func() bool {
-		probe := builder.Pod(ns, "probe").ControlledBy(builder.WorkerPoolGVK, "none", "00000000-0000-4000-8000-000000000000").Build()
+		probe := builder.Pod(ns, "probe").ControlledBy(operator.GVK, "none", "00000000-0000-4000-8000-000000000000").Build()
 		if err := env.Client.Create(context.Background(), probe, client.DryRunAll); err != nil {
 			return false
 		}
@@ -191,11 +195,11 @@ func (a *aggregator) leads() bool {
 func createPool(t *testing.T, ns, name string, n int) (types.UID, []*corev1.Pod) {
 	t.Helper()
 	ctx := context.Background()
-	pool := builder.WorkerPool(ns, name, int64(n))
+	pool := operator.Pool(ns, name, int64(n))
 	require.NoError(t, env.Client.Create(ctx, pool))
 	pods := make([]*corev1.Pod, n)
 	for i := range pods {
-		pods[i] = builder.Pod(ns, fmt.Sprintf("%s-%03d", name, i)).ControlledBy(builder.WorkerPoolGVK, name, pool.GetUID()).Build()
+		pods[i] = builder.Pod(ns, fmt.Sprintf("%s-%03d", name, i)).ControlledBy(operator.GVK, name, pool.GetUID()).Build()
 		require.NoError(t, env.Client.Create(ctx, pods[i]))
 		require.Contains(t, pods[i].Finalizers, keys.TrackingFinalizer, "the webhook adds the finalizer on CREATE")
 	}
@@ -206,7 +210,7 @@ func createPool(t *testing.T, ns, name string, n int) (types.UID, []*corev1.Pod)
 func totals(t *testing.T, ns, name string) (completed, unexpected int64, ledger int) {
 	t.Helper()
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(builder.WorkerPoolGVK)
+	u.SetGroupVersionKind(operator.GVK)
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, u))
 	return totalsOf(u)
 }
@@ -250,7 +254,7 @@ func watchPools(t *testing.T, ns string) *watchTotals {
 	t.Helper()
 	dyn, err := dynamic.NewForConfig(env.Config)
 	require.NoError(t, err)
-	w, err := dyn.Resource(builder.WorkerPoolGVK.GroupVersion().WithResource("workerpools")).Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
+	w, err := dyn.Resource(operator.GVK.GroupVersion().WithResource("workerpools")).Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
 	require.NoError(t, err)
 	t.Cleanup(w.Stop)
 	r := &watchTotals{seen: map[string][][2]int64{}}

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/cmd/kubectl-tally/app"
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -158,7 +159,7 @@ func TestUnservableKindsStrandNoPod(t *testing.T) {
 		return env.Client.Create(ctx, probe, client.DryRunAll) == nil && len(probe.Finalizers) == 1
 	}, 30*time.Second, 100*time.Millisecond, "the webhook never tracked a servable kind")
 
-	_, pools := createParent(t, builder.WorkerPoolGVK, ns, "pool", 6)
+	_, pools := createParent(t, operator.GVK, ns, "pool", 6)
 	_, noStatus := createParent(t, gvk("NoStatus"), ns, "no-status", 4)
 	_, noLedger := createParent(t, gvk("NoLedger"), ns, "no-ledger", 4)
 	_, loses := createParent(t, gvk("LosesLedger"), ns, "loses", 4)
@@ -246,7 +247,7 @@ func updateCRD(t *testing.T, name string, change func(*apiextensionsv1.CustomRes
 func managers(t *testing.T, ns, name string) map[string]string {
 	t.Helper()
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(builder.WorkerPoolGVK)
+	u.SetGroupVersionKind(operator.GVK)
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, u))
 	out := map[string]string{}
 	for _, mf := range u.GetManagedFields() {
@@ -262,7 +263,7 @@ func managers(t *testing.T, ns, name string) map[string]string {
 func applyStatus(t *testing.T, ns, name, manager string, status map[string]any) {
 	t.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{"status": status}}
-	u.SetGroupVersionKind(builder.WorkerPoolGVK)
+	u.SetGroupVersionKind(operator.GVK)
 	u.SetNamespace(ns)
 	u.SetName(name)
 	require.NoError(t, env.Client.Status().Apply(context.Background(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership))
@@ -313,7 +314,7 @@ func TestHistorySurvivesUpgradeRollbackAndOptOut(t *testing.T) {
 		"the pods of an opted-out kind keep %s: %v", keys.TrackingFinalizer, withFinalizer(t, ns))
 	require.NoError(t, finish(ctx, pods[1], failed, false))
 	require.Eventually(t, func() bool {
-		active, err := env.StatusCount(ctx, builder.WorkerPoolGVK, ns, "pool", "status", "active")
+		active, err := env.StatusCount(ctx, operator.GVK, ns, "pool", "status", "active")
 		return err == nil && active == 6
 	}, 30*time.Second, 100*time.Millisecond, "the counts go on after the opt-out")
 	c, u, _ = totals(t, ns, "pool")

@@ -19,10 +19,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
-	"tally.dev/tally/test/framework"
 )
 
 // TestBigParentCostsWhatChanges: a pool of 2,000 running pods admitted
@@ -37,7 +38,7 @@ func TestBigParentCostsWhatChanges(t *testing.T) {
 	ns := namespace(t)
 	ctx := context.Background()
 	startWebhook(t, ns, withoutTotals)
-	pool := builder.WorkerPool(ns, "big", n)
+	pool := operator.Pool(ns, "big", n)
 	require.NoError(t, env.Client.Create(ctx, pool))
 	pods := make([]*corev1.Pod, n)
 	var wg sync.WaitGroup
@@ -45,7 +46,7 @@ func TestBigParentCostsWhatChanges(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for i := range work {
-				pods[i] = builder.Pod(ns, fmt.Sprintf("big-%04d", i)).ControlledBy(builder.WorkerPoolGVK, "big", pool.GetUID()).Build()
+				pods[i] = builder.Pod(ns, fmt.Sprintf("big-%04d", i)).ControlledBy(operator.GVK, "big", pool.GetUID()).Build()
 				assert.NoError(t, env.Client.Create(ctx, pods[i]))
 			}
 		})
@@ -60,7 +61,7 @@ func TestBigParentCostsWhatChanges(t *testing.T) {
 	// go: the next tests' aggregators would have them to release.
 	t.Cleanup(func() { removeAll(t, ns) })
 
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	require.NoError(t, err)
 	startAggregator(t, "aggregator", withTotals, "", "--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--kube-api-qps", "100")
 	require.Eventually(t, func() bool { return status(t, ns, "big", "active") == n }, 30*time.Second, 50*time.Millisecond)
@@ -112,7 +113,7 @@ func TestBigParentCostsWhatChanges(t *testing.T) {
 func status(t *testing.T, ns, name, field string) int64 {
 	t.Helper()
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(builder.WorkerPoolGVK)
+	u.SetGroupVersionKind(operator.GVK)
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, u))
 	v, _, _ := unstructured.NestedInt64(u.Object, "status", field)
 	return v

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/keys"
-	"tally.dev/tally/test/builder"
 )
 
 // ending is how a pod finishes.
@@ -267,7 +267,7 @@ func TestParentDeletedWithTrackedPods(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { _, u, _ := totals(t, ns, "pool"); return u == 5 }, 30*time.Second, 50*time.Millisecond)
 
-	require.NoError(t, env.Client.Delete(ctx, builder.WorkerPool(ns, "pool", 0)))
+	require.NoError(t, env.Client.Delete(ctx, operator.Pool(ns, "pool", 0)))
 	require.Eventually(t, func() bool { return len(withFinalizer(t, ns)) == 0 }, 30*time.Second, 50*time.Millisecond,
 		"pods of a deleted parent keep %s: %v", keys.TrackingFinalizer, withFinalizer(t, ns))
 	// The garbage collector's part.

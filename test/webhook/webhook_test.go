@@ -42,6 +42,11 @@ import (
 
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/cmd/webhook/app"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/helm"
+	"tally.dev/tally/internal/process"
+	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/intent"
@@ -81,11 +86,11 @@ func run(m *testing.M) int {
 
 	wh := mutate.Webhook(&config.Config{Parents: parents}, admissionregistrationv1.WebhookClientConfig{
 		Service: &admissionregistrationv1.ServiceReference{Name: "tally-webhook", Namespace: "tally-system", Path: ptr.To(mutate.Path)},
-	}, framework.AggregatorUser)
+	}, helm.AggregatorUser)
 	wh.NamespaceSelector.MatchExpressions = append(wh.NamespaceSelector.MatchExpressions,
 		metav1.LabelSelectorRequirement{Key: instanceLabel, Operator: metav1.LabelSelectorOpDoesNotExist})
 	var err error
-	env, err = framework.Start(framework.Options{Webhooks: envtest.WebhookInstallOptions{
+	env, err = framework.Start(controlplane.Options{Webhooks: envtest.WebhookInstallOptions{
 		MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{{
 			ObjectMeta: metav1.ObjectMeta{Name: "tally"},
 			Webhooks:   []admissionregistrationv1.MutatingWebhook{wh},
@@ -147,7 +152,7 @@ func startVerifying(ctx context.Context) error {
 	if err := issue(); err != nil {
 		return err
 	}
-	if verifying.port, err = framework.FreePort(); err != nil {
+	if verifying.port, err = process.FreePort(); err != nil {
 		return err
 	}
 	if err := start(ctx, &config.Config{Parents: parents, VerifyOwner: true}, "127.0.0.1", verifying.port, verifying.certDir, verifying.ca.CertPEM); err != nil {
@@ -156,7 +161,7 @@ func startVerifying(ctx context.Context) error {
 	wh := mutate.Webhook(&config.Config{Parents: parents, VerifyOwner: true}, admissionregistrationv1.WebhookClientConfig{
 		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", verifying.port, mutate.Path)),
 		CABundle: verifying.ca.CertPEM,
-	}, framework.AggregatorUser)
+	}, helm.AggregatorUser)
 	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{instanceLabel: "verifying"}}
 	return env.Client.Create(ctx, &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "tally-verifying"},
@@ -212,7 +217,7 @@ func namespace(t *testing.T, instance string) string {
 
 func createPool(t *testing.T, ns, name string) types.UID {
 	t.Helper()
-	pool := builder.WorkerPool(ns, name, 1)
+	pool := operator.Pool(ns, name, 1)
 	require.NoError(t, env.Client.Create(context.Background(), pool))
 	return pool.GetUID()
 }
@@ -224,7 +229,7 @@ func TestCreateStampsIdentity(t *testing.T) {
 	ns := namespace(t, "")
 	uid := createPool(t, ns, "pool-a")
 
-	pod := builder.Pod(ns, "p1").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Label("app", "worker").Build()
+	pod := builder.Pod(ns, "p1").ControlledBy(operator.GVK, "pool-a", uid).Label("app", "worker").Build()
 	require.NoError(t, env.Client.Create(ctx, pod))
 	assert.Equal(t, map[string]string{"app": "worker", keys.ParentUID: string(uid), keys.ParentName: "pool-a"}, pod.Labels)
 	assert.Equal(t, parentOf("pool-a"), pod.Annotations[keys.Parent])
@@ -236,7 +241,7 @@ func TestForgedIdentityIsReplacedWithWarning(t *testing.T) {
 	uid := createPool(t, ns, "pool-a")
 	c, w := clientWithWarnings(t)
 
-	pod := builder.Pod(ns, "forged").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).
+	pod := builder.Pod(ns, "forged").ControlledBy(operator.GVK, "pool-a", uid).
 		Label(keys.ParentUID, "not-the-owner").Annotation(keys.Parent, parentOf("elsewhere")).Build()
 	require.NoError(t, c.Create(ctx, pod))
 	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])
@@ -276,7 +281,7 @@ func TestIntentIsStampedAndSticky(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t, "")
 	uid := createPool(t, ns, "pool-a")
-	pod := builder.Pod(ns, "p").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	pod := builder.Pod(ns, "p").ControlledBy(operator.GVK, "pool-a", uid).Build()
 	require.NoError(t, env.Client.Create(ctx, pod))
 
 	before := time.Now().Add(-time.Second).UTC().Truncate(time.Second)
@@ -308,7 +313,7 @@ func TestIntentIsStampedAndSticky(t *testing.T) {
 		})
 	}
 
-	bad := builder.Pod(ns, "bad-reason").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Annotation(keys.CompletionIntent, "Scale_Down").Build()
+	bad := builder.Pod(ns, "bad-reason").ControlledBy(operator.GVK, "pool-a", uid).Annotation(keys.CompletionIntent, "Scale_Down").Build()
 	err = env.Client.Create(ctx, bad)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `"Scale_Down" is not a valid reason`)
@@ -320,7 +325,7 @@ func TestUntrackedPodsPassUnchanged(t *testing.T) {
 	for _, pod := range []*corev1.Pod{
 		builder.Pod(ns, "plain").Label("app", "x").Build(),
 		builder.Pod(ns, "job").ControlledBy(jobGVK, "job", "8c1e2b9e-0000-4000-8000-000000000001").Build(),
-		builder.Pod(ns, "not-controller").OwnedBy(builder.WorkerPoolGVK, "pool", "8c1e2b9e-0000-4000-8000-000000000002").Build(),
+		builder.Pod(ns, "not-controller").OwnedBy(operator.GVK, "pool", "8c1e2b9e-0000-4000-8000-000000000002").Build(),
 	} {
 		want := pod.DeepCopy()
 		require.NoError(t, env.Client.Create(ctx, pod))
@@ -335,17 +340,17 @@ func TestVerifyOwner(t *testing.T) {
 	uid := createPool(t, ns, "pool-a")
 	c, w := clientWithWarnings(t)
 
-	pod := builder.Pod(ns, "real").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	pod := builder.Pod(ns, "real").ControlledBy(operator.GVK, "pool-a", uid).Build()
 	require.NoError(t, c.Create(ctx, pod))
 	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])
 
-	forged := builder.Pod(ns, "forged").ControlledBy(builder.WorkerPoolGVK, "pool-a", "00000000-0000-4000-8000-00000000dead").Build()
+	forged := builder.Pod(ns, "forged").ControlledBy(operator.GVK, "pool-a", "00000000-0000-4000-8000-00000000dead").Build()
 	require.NoError(t, c.Create(ctx, forged))
 	assert.NotContains(t, forged.Labels, keys.ParentUID)
 	assert.NotContains(t, forged.Annotations, keys.Parent)
 	assertWarned(t, w, "pod not stamped with its parent's identity: owner "+parentOf("pool-a")+" in namespace "+ns+" has UID "+string(uid))
 
-	missing := builder.Pod(ns, "missing").ControlledBy(builder.WorkerPoolGVK, "no-such-pool", "00000000-0000-4000-8000-00000000beef").Build()
+	missing := builder.Pod(ns, "missing").ControlledBy(operator.GVK, "no-such-pool", "00000000-0000-4000-8000-00000000beef").Build()
 	require.NoError(t, c.Create(ctx, missing))
 	assert.NotContains(t, missing.Labels, keys.ParentUID)
 	assertWarned(t, w, "owner "+parentOf("no-such-pool")+" not found in namespace "+ns)
@@ -373,7 +378,7 @@ func TestCertificateRotation(t *testing.T) {
 				return
 			default:
 			}
-			pod := builder.Pod(ns, fmt.Sprintf("rot-%d", i)).ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+			pod := builder.Pod(ns, fmt.Sprintf("rot-%d", i)).ControlledBy(operator.GVK, "pool-a", uid).Build()
 			if err := env.Client.Create(ctx, pod); err != nil {
 				failures = append(failures, err)
 			} else if pod.Labels[keys.ParentUID] != string(uid) {
@@ -424,7 +429,7 @@ func TestMarkForCompletion(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t, "")
 	uid := createPool(t, ns, "pool-a")
-	pod := builder.Pod(ns, "p").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	pod := builder.Pod(ns, "p").ControlledBy(operator.GVK, "pool-a", uid).Build()
 	require.NoError(t, env.Client.Create(ctx, pod))
 
 	require.NoError(t, intent.MarkForCompletion(ctx, env.Client, pod, "scale-down"))
@@ -451,7 +456,7 @@ func TestStaleUpdateGetsAConflict(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t, "")
 	uid := createPool(t, ns, "pool-a")
-	pod := builder.Pod(ns, "p").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	pod := builder.Pod(ns, "p").ControlledBy(operator.GVK, "pool-a", uid).Build()
 	require.NoError(t, env.Client.Create(ctx, pod))
 	stale := pod.DeepCopy()
 	require.NoError(t, intent.MarkForCompletion(ctx, env.Client, pod, "scale-down"))
@@ -495,7 +500,7 @@ func TestVerifyOwnerKindThatAppearsLater(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	shardSets := []config.Parent{{Group: "test.tally.dev", Version: "v1", Kind: "ShardSet", Counts: config.DefaultCounts}}
-	port, err := framework.FreePort()
+	port, err := process.FreePort()
 	require.NoError(t, err)
 	require.NoError(t, start(ctx, &config.Config{Parents: shardSets, VerifyOwner: true}, "127.0.0.1", port, verifying.certDir, verifying.ca.CertPEM),
 		"a webhook whose parent kind is not served must start")
@@ -503,16 +508,16 @@ func TestVerifyOwnerKindThatAppearsLater(t *testing.T) {
 	wh := mutate.Webhook(&config.Config{Parents: shardSets, VerifyOwner: true}, admissionregistrationv1.WebhookClientConfig{
 		URL:      ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)),
 		CABundle: verifying.ca.CertPEM,
-	}, framework.AggregatorUser)
+	}, helm.AggregatorUser)
 	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{instanceLabel: "late"}}
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-late"}, Webhooks: []admissionregistrationv1.MutatingWebhook{wh}}
 	require.NoError(t, env.Client.Create(ctx, mwc))
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), mwc) })
 
-	_, err = envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{framework.Path("test", "testdata", "crds", "shardsets.yaml")}})
+	_, err = envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{repo.Path("test", "testdata", "crds", "shardsets.yaml")}})
 	require.NoError(t, err)
 	ns := namespace(t, "late")
-	parent := builder.WorkerPool(ns, "shards", 1)
+	parent := operator.Pool(ns, "shards", 1)
 	parent.SetGroupVersionKind(schema.GroupVersionKind{Group: "test.tally.dev", Version: "v1", Kind: "ShardSet"})
 	require.NoError(t, env.Client.Create(ctx, parent))
 	time.Sleep(time.Second) // the registration is picked up asynchronously
@@ -557,7 +562,7 @@ func TestStampedPodsAreAdmittedWithoutACall(t *testing.T) {
 		return admissions(t) - before
 	}
 
-	pod := builder.Pod(ns, "stamped").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Label("app", "worker").Build()
+	pod := builder.Pod(ns, "stamped").ControlledBy(operator.GVK, "pool-a", uid).Label("app", "worker").Build()
 	require.True(t, identity.Stamp(pod))
 	assert.Zero(t, calls(func() { require.NoError(t, c.Create(ctx, pod)) }), "a stamped pod was sent to the webhook")
 	assert.Equal(t, map[string]string{"app": "worker", keys.ParentUID: string(uid), keys.ParentName: "pool-a"}, pod.Labels)
@@ -572,7 +577,7 @@ func TestStampedPodsAreAdmittedWithoutACall(t *testing.T) {
 	assert.NotEmpty(t, pod.Annotations[keys.CompletionIntentAt])
 	assert.Zero(t, calls(func() { relabel("draining") }), "an update of a marked pod that keeps its stamps was sent")
 
-	forged := builder.Pod(ns, "forged").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	forged := builder.Pod(ns, "forged").ControlledBy(operator.GVK, "pool-a", uid).Build()
 	identity.Stamp(forged)
 	forged.Labels[keys.ParentUID] = "not-the-owner"
 	assert.Equal(t, 1.0, calls(func() { require.NoError(t, c.Create(ctx, forged)) }))
@@ -650,7 +655,7 @@ func TestReinvocationAfterAnotherWebhookIsSkipped(t *testing.T) {
 	}, 10*time.Second, 100*time.Millisecond)
 
 	before := admissions(t)
-	pod := builder.Pod(ns.Name, "p").ControlledBy(builder.WorkerPoolGVK, "pool-a", uid).Build()
+	pod := builder.Pod(ns.Name, "p").ControlledBy(operator.GVK, "pool-a", uid).Build()
 	require.NoError(t, env.Client.Create(ctx, pod))
 	assert.Equal(t, "injected", pod.Annotations["example.com/sidecar"])
 	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])

@@ -34,6 +34,16 @@ import (
 // GVK is the WorkerPool kind.
 var GVK = schema.GroupVersionKind{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}
 
+// Pool returns an unsaved WorkerPool with the given replicas.
+func Pool(namespace, name string, replicas int64) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(GVK)
+	u.SetNamespace(namespace)
+	u.SetName(name)
+	u.Object["spec"] = map[string]any{"replicas": replicas}
+	return u
+}
+
 // ScaleDown is the reason the operator gives surplus pods.
 const ScaleDown = "scale-down"
 

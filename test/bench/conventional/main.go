@@ -24,9 +24,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/truth"
 	"tally.dev/tally/pkg/config"
-	"tally.dev/tally/test/builder"
-	"tally.dev/tally/test/framework"
 )
 
 const ownerIndex = "metadata.controllerUID"
@@ -59,7 +59,7 @@ func run(probe string, qps float32, burst int) error {
 		return err
 	}
 	pool := &unstructured.Unstructured{}
-	pool.SetGroupVersionKind(builder.WorkerPoolGVK)
+	pool.SetGroupVersionKind(operator.GVK)
 	err = ctrl.NewControllerManagedBy(mgr).For(pool).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), pool, handler.OnlyControllerOwner())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
@@ -82,7 +82,7 @@ func run(probe string, qps float32, burst int) error {
 
 func reconcileOne(ctx context.Context, c client.Client, req reconcile.Request) (reconcile.Result, error) {
 	pool := &unstructured.Unstructured{}
-	pool.SetGroupVersionKind(builder.WorkerPoolGVK)
+	pool.SetGroupVersionKind(operator.GVK)
 	if err := c.Get(ctx, req.NamespacedName, pool); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -90,7 +90,7 @@ func reconcileOne(ctx context.Context, c client.Client, req reconcile.Request) (
 	if err := c.List(ctx, &pods, client.InNamespace(req.Namespace), client.MatchingFields{ownerIndex: string(pool.GetUID())}); err != nil {
 		return reconcile.Result{}, err
 	}
-	counts := framework.Truth(pods.Items, req.Namespace, pool.GetUID())
+	counts := truth.Counts(pods.Items, req.Namespace, pool.GetUID())
 	status := map[string]int64{}
 	differs := false
 	for _, name := range config.Counts {

@@ -1,4 +1,7 @@
-package framework
+// Package truth counts a parent's pods straight from the specification's
+// definitions, sharing no code with the aggregator: the demo and the suites
+// compare what tally writes with it, computed from a fresh List.
+package truth
 
 import (
 	corev1 "k8s.io/api/core/v1"
@@ -9,12 +12,10 @@ import (
 	"tally.dev/tally/pkg/keys"
 )
 
-// Truth counts the pods of the parent with UID uid in namespace ns straight
-// from the specification's definitions: S(P) is the pods in P's namespace
-// whose controller ownerReference carries P's UID, labelled or not. Tests
-// and the demo compare what tally writes with it, computed from a fresh
-// List; it shares no code with the aggregator.
-func Truth(pods []corev1.Pod, ns string, uid types.UID) map[config.Count]int64 {
+// Counts counts the pods of the parent with UID uid in namespace ns: S(P)
+// is the pods in P's namespace whose controller ownerReference carries P's
+// UID, labelled or not.
+func Counts(pods []corev1.Pod, ns string, uid types.UID) map[config.Count]int64 {
 	got := map[config.Count]int64{config.Completing: 0, config.Completed: 0, config.Active: 0, config.Unexpected: 0}
 	for i := range pods {
 		p := &pods[i]

@@ -1,0 +1,94 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/pkg/keys"
+)
+
+// scenario creates the pool and changes its replicas on a schedule over
+// Options.Duration, while disrupt deletes or fails pods.
+func (d *Demo) scenario(ctx context.Context) error {
+	dur := d.opts.Duration
+	at := func(frac float64, plus time.Duration) <-chan time.Time {
+		return time.After(time.Duration(frac*float64(dur)) + plus)
+	}
+	d.say("creating WorkerPool %s/%s with 20 replicas", Namespace, Pool)
+	if err := d.client.Create(ctx, operator.Pool(Namespace, Pool, 20)); err != nil {
+		return err
+	}
+	steps := []struct {
+		at   <-chan time.Time
+		what string
+		do   func() error
+	}{
+		{at(0.25, 0), "the timer scales down to 8: the operator marks 12 pods scale-down", func() error { return d.SetReplicas(ctx, 8) }},
+		// Marked pods take 0.5 to 3 s to exit: scale up while they do.
+		{at(0.25, 1200*time.Millisecond), "scale-up to 12 in the middle of the scale-down", func() error { return d.SetReplicas(ctx, 12) }},
+		{at(0.6, 0), "the timer scales down to 6", func() error { return d.SetReplicas(ctx, 6) }},
+		{at(0.8, 0), "scale-up to 10", func() error { return d.SetReplicas(ctx, 10) }},
+		{at(1, 0), "scenario over: no more disruptions; waiting for quiescence", func() error { return nil }},
+	}
+	disrupt := time.NewTicker(dur / 12)
+	defer disrupt.Stop()
+	disruptFrom, disruptTo := time.Now().Add(dur/5), time.Now().Add(dur*3/4)
+	for _, step := range steps {
+		for waiting := true; waiting; {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-step.at:
+				d.say("%s", step.what)
+				if err := step.do(); err != nil {
+					return err
+				}
+				waiting = false
+			case now := <-disrupt.C:
+				if now.After(disruptFrom) && now.Before(disruptTo) {
+					d.disrupt(ctx)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// disrupt deletes or fails a random running pod without intent, as a node
+// loss or a crash would.
+func (d *Demo) disrupt(ctx context.Context) {
+	var pods corev1.PodList
+	if err := d.client.List(ctx, &pods, client.InNamespace(Namespace)); err != nil {
+		return
+	}
+	var running []corev1.Pod
+	for _, p := range pods.Items {
+		if _, marked := p.Annotations[keys.CompletionIntent]; !marked && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			running = append(running, p)
+		}
+	}
+	if len(running) == 0 {
+		return
+	}
+	p := running[d.rng.IntN(len(running))]
+	if d.opts.Cluster != nil || d.rng.IntN(2) == 0 {
+		d.say("pod %s deleted unexpectedly", p.Name)
+		_ = d.client.Delete(ctx, &p)
+		return
+	}
+	d.say("pod %s crashed (phase Failed)", p.Name)
+	_ = setPhase(ctx, d.client, &p, corev1.PodFailed)
+}
+
+// SetReplicas sets the pool's spec.replicas.
+func (d *Demo) SetReplicas(ctx context.Context, n int64) error {
+	patch := fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, n)
+	pool := operator.Pool(Namespace, Pool, 0)
+	return d.client.Patch(ctx, pool, client.RawPatch(types.MergePatchType, patch))
+}

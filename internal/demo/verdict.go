@@ -1,0 +1,197 @@
+package demo
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/truth"
+	"tally.dev/tally/pkg/config"
+)
+
+var errMismatch = errors.New("tally's counts do not equal the truth")
+
+// Snapshot is what tally shows on the pool beside the truth.
+type Snapshot struct {
+	Desired int64
+	Tally   map[config.Count]int64
+	Truth   map[config.Count]int64
+	// Totals are the totals tally shows, Finished the pods the demo saw
+	// finish; both nil when the configuration maps no totals.
+	Totals, Finished map[config.Count]int64
+	// Settled reports that no pod is starting or completing and the pool
+	// runs as many pods as it wants.
+	Settled bool
+}
+
+// Match reports whether tally's values equal the truth.
+func (s Snapshot) Match() bool {
+	for _, c := range config.Counts {
+		if s.Tally[c] != s.Truth[c] {
+			return false
+		}
+	}
+	for _, c := range config.Totals {
+		if s.Totals != nil && s.Totals[c] != s.Finished[c] {
+			return false
+		}
+	}
+	return true
+}
+
+// Snapshot reads the pool and its pods.
+func (d *Demo) Snapshot(ctx context.Context) (Snapshot, error) {
+	pool := operator.Pool(Namespace, Pool, 0)
+	if err := d.client.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+		return Snapshot{}, err
+	}
+	var pods corev1.PodList
+	if err := d.client.List(ctx, &pods, client.InNamespace(Namespace)); err != nil {
+		return Snapshot{}, err
+	}
+	s := Snapshot{Tally: map[config.Count]int64{}, Truth: truth.Counts(pods.Items, pool.GetNamespace(), pool.GetUID())}
+	s.Desired, _, _ = unstructured.NestedInt64(pool.Object, "spec", "replicas")
+	shown := func(c config.Count) int64 {
+		v, found, _ := unstructured.NestedInt64(pool.Object, "status", string(c))
+		if !found {
+			v = -1
+		}
+		return v
+	}
+	for _, c := range config.Counts {
+		s.Tally[c] = shown(c)
+	}
+	if d.totals {
+		s.Totals, s.Finished = map[config.Count]int64{}, d.finished.Totals()
+		for _, c := range config.Totals {
+			s.Totals[c] = shown(c)
+		}
+	}
+	starting := false
+	for _, p := range pods.Items {
+		starting = starting || p.Status.Phase == "" || p.Status.Phase == corev1.PodPending
+	}
+	s.Settled = !starting && s.Truth[config.Completing] == 0 && s.Truth[config.Completed] == 0 &&
+		s.Truth[config.Unexpected] == 0 && s.Truth[config.Active] == s.Desired
+	return s, nil
+}
+
+// Converge waits until the pool is settled and tally's values equal the
+// truth; it returns errMismatch if they do not within timeout.
+func (d *Demo) Converge(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		s, err := d.Snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		if s.Settled && s.Match() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if !s.Settled {
+				return fmt.Errorf("%w: the pool did not settle within %s: %s", errMismatch, timeout, s.line(0))
+			}
+			return fmt.Errorf("%w within %s: %s", errMismatch, timeout, s.line(0))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Verdict prints whether tally's counts equal the truth now, and returns
+// an error when they do not.
+func (d *Demo) Verdict(ctx context.Context) error {
+	s, err := d.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	if !s.Match() {
+		fmt.Fprintf(d.opts.Out, "verdict: FAIL: tally's counts differ from a fresh List, or its totals from the pods seen finishing\n  %s\n", s.line(0))
+		return errMismatch
+	}
+	sent := ""
+	if d.opts.Cluster == nil {
+		applies, err := d.Applies(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the aggregator's metrics: %w", err)
+		}
+		sent = fmt.Sprintf("; the aggregator sent %.0f server-side applies", applies)
+	}
+	calls, err := d.webhookCalls(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the API server's metrics: %w", err)
+	}
+	sent += "; " + calls
+	totals := ""
+	if s.Totals != nil {
+		totals = fmt.Sprintf("; its totals equal the pods seen finishing, deleted ones included (completedTotal=%d unexpectedTotal=%d)",
+			s.Totals[config.CompletedTotal], s.Totals[config.UnexpectedTotal])
+	}
+	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d)%s%s. Logs: %s\n",
+		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], totals, sent, d.logDir)
+	return nil
+}
+
+// Applies returns how many status applies the running aggregator has sent.
+func (d *Demo) Applies(ctx context.Context) (float64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.aggregatorMetrics+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, "tally_aggregator_applies_total{") {
+			return strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		}
+	}
+	return 0, sc.Err()
+}
+
+// webhookCalls says how many pod admissions the API server sent to tally's
+// webhook, by operation, as it counts them
+// (apiserver_admission_webhook_request_total).
+func (d *Demo) webhookCalls(ctx context.Context) (string, error) {
+	cs, err := kubernetes.NewForConfig(d.restConfig)
+	if err != nil {
+		return "", err
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return "", err
+	}
+	sent := map[string]float64{}
+	for line := range strings.Lines(string(raw)) {
+		if !strings.HasPrefix(line, "apiserver_admission_webhook_request_total{") || !strings.Contains(line, `name="pods.tally.dev"`) {
+			continue
+		}
+		i := strings.Index(line, `operation="`)
+		if i < 0 {
+			continue
+		}
+		op := line[i+len(`operation="`):]
+		op = op[:strings.IndexByte(op, '"')]
+		v, err := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, ' ')+1:]), 64)
+		if err != nil {
+			return "", fmt.Errorf("parsing %q: %w", line, err)
+		}
+		sent[op] += v
+	}
+	return fmt.Sprintf("the API server called the webhook for %.0f pod CREATEs and %.0f UPDATEs", sent["CREATE"], sent["UPDATE"]), nil
+}
