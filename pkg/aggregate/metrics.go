@@ -75,6 +75,14 @@ var (
 		Name: "tally_aggregator_ledger_live_reads_total",
 		Help: "Pods read one by one from the API server, made when the cache alone cannot tell whether a finished pod still carries the tracking finalizer, by parent kind.",
 	}, []string{"kind"})
+	heldPods = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tally_aggregator_held_pods",
+		Help: "Finished pods that still carry the tally.dev/tracking finalizer, by parent kind (on the leader).",
+	}, []string{"kind"})
+	oldestHeldPod = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tally_aggregator_oldest_held_pod_seconds",
+		Help: "How long the finished pod held longest by the tally.dev/tracking finalizer has been held, since this process first saw it finished or since its deletion if earlier, by parent kind (on the leader); 0 when none is held.",
+	}, []string{"kind"})
 	backfillDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "tally_aggregator_backfill_duration_seconds",
 		Help:    "Time one backfill sweep took.",
@@ -86,13 +94,30 @@ var (
 // unprocessed change was seen.
 var changes = newPending()
 
+// counted holds each parent's last counts, for their sums by kind.
+var counted = newPublished()
+
 func init() {
 	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, appliesFenced, kindProblems,
-		podsStamped, unstampedPods, pendingStamps, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, ledgerLiveLists, ledgerLiveReads,
+		podsStamped, unstampedPods, pendingStamps, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, heldPods, oldestHeldPod, ledgerLiveLists, ledgerLiveReads, counted,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",
 			Help: "Age of the oldest change to a parent or its pods that no reconcile has picked up yet; 0 when there is none.",
 		}, func() float64 { return changes.oldest(time.Now()).Seconds() }))
+}
+
+// trackingActions are the values of tally_aggregator_tracking_finalizers_total's
+// action label.
+var trackingActions = []string{"added", "released", "orphaned", "unservable", "lost", "restored"}
+
+// initTrackingMetrics creates the tracking series of a kind with totals at
+// zero, so that alerts and dashboards see them before their first event.
+func initTrackingMetrics(kind string) {
+	trackingLost.WithLabelValues(kind)
+	trackErrors.WithLabelValues(kind)
+	for _, action := range trackingActions {
+		trackingFinalizers.WithLabelValues(kind, action)
+	}
 }
 
 // parentKey identifies a parent across kinds.

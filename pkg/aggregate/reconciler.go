@@ -85,6 +85,9 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 			counts = append(counts, f)
 		}
 	}
+	if parent.Tracked() {
+		initTrackingMetrics(kind)
+	}
 	return &Reconciler{
 		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(),
 		releases: newReleases(), Deps: deps,
@@ -106,7 +109,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// Shutting down before the start-up backfill completed.
 		return reconcile.Result{}, nil
 	}
-	changes.picked(parentKey{kind: r.gvk.GroupKind(), name: req.NamespacedName})
+	key := parentKey{kind: r.gvk.GroupKind(), name: req.NamespacedName}
+	changes.picked(key)
 	r.reconciled.Inc()
 
 	parent := &unstructured.Unstructured{}
@@ -115,6 +119,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if !apierrors.IsNotFound(err) {
 			return reconcile.Result{}, err
 		}
+		counted.forget(key)
 		return r.releaseOrphans(ctx, req.NamespacedName, "")
 	}
 	if result, err := r.releaseOrphans(ctx, req.NamespacedName, parent.GetUID()); err != nil || result.RequeueAfter > 0 {
@@ -124,6 +129,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	counted.set(key, counts)
 	if r.ledger == nil {
 		// Pods carrying the finalizer although the kind keeps no totals are
 		// released after the counts.

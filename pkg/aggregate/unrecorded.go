@@ -119,10 +119,23 @@ func (u *Unrecorded) Start(ctx context.Context) error {
 
 // release releases the pods of kind p that must not wait any longer.
 func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
+	kind := p.GroupKind()
+	held, err := u.byIndex(HeldIndex, kind)
+	if err != nil {
+		return err
+	}
+	now := u.now()
+	u.mu.Lock()
+	since, expired := overdue(held, u.finishedSince[kind], now, u.grace)
+	reportHeld(kind, since, now)
 	if u.mayWrite != nil && !u.mayWrite() {
+		// Fenced: the held pods are shown, and their clocks start only when
+		// this replica may release them.
+		u.mu.Unlock()
 		return nil
 	}
-	kind := p.GroupKind()
+	u.finishedSince[kind] = since
+	u.mu.Unlock()
 	if problem := u.gate.Problem(kind); problem != nil {
 		if problem.Unknown {
 			// The API server could not tell: nothing is released on that.
@@ -135,19 +148,22 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 		return u.releaseAll(ctx, p, pods, "unservable",
 			fmt.Sprintf("tally cannot keep the totals of %s (%s): released without counting them", kind, problem.Err))
 	}
-	held, err := u.byIndex(HeldIndex, kind)
-	if err != nil {
-		return err
-	}
-	u.mu.Lock()
-	since, expired := overdue(held, u.finishedSince[kind], u.now(), u.grace)
-	u.finishedSince[kind] = since
-	u.mu.Unlock()
 	if len(expired) == 0 {
 		return nil
 	}
 	return u.releaseAll(ctx, p, expired, "lost",
 		fmt.Sprintf("tally could not record these pods within the tracking grace (%s): released; they are not counted in the totals", u.grace))
+}
+
+// reportHeld sets the held-pod gauges of kind from since, when each held pod
+// has been held since.
+func reportHeld(kind schema.GroupKind, since map[types.UID]time.Time, now time.Time) {
+	var oldest time.Duration
+	for _, at := range since {
+		oldest = max(oldest, now.Sub(at))
+	}
+	heldPods.WithLabelValues(kind.String()).Set(float64(len(since)))
+	oldestHeldPod.WithLabelValues(kind.String()).Set(oldest.Seconds())
 }
 
 // overdue returns since when each held pod has been held — since it was

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -73,6 +74,26 @@ func TestIndexHeld(t *testing.T) {
 			keys, err = indexTrackingKind(tt.pod)
 			assert.NoError(t, err)
 			assert.Equal(t, tt.track, len(keys) == 1, "tracking-kind index")
+		})
+	}
+}
+
+func TestReportHeld(t *testing.T) {
+	now := time.Unix(10_000, 0)
+	kind := schema.GroupKind{Group: "example.tally.dev", Kind: "HeldPool"}
+	tests := []struct {
+		name         string
+		since        map[types.UID]time.Time
+		held, oldest float64
+	}{
+		{name: "two held, the oldest for 90s", since: map[types.UID]time.Time{"a": now.Add(-90 * time.Second), "b": now.Add(-time.Second)}, held: 2, oldest: 90},
+		{name: "none held", held: 0, oldest: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reportHeld(kind, tt.since, now)
+			assert.Equal(t, tt.held, testutil.ToFloat64(heldPods.WithLabelValues(kind.String())))
+			assert.Equal(t, tt.oldest, testutil.ToFloat64(oldestHeldPod.WithLabelValues(kind.String())))
 		})
 	}
 }

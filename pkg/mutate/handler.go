@@ -59,10 +59,30 @@ var (
 		Help:    "Time requests waited for their body's memory, by class; requests that got it at once are not observed.",
 		Buckets: []float64{0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1},
 	}, []string{"class"})
+	admissionDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tally_webhook_admission_duration_seconds",
+		Help:    "Time from a request's arrival to its answer, its body's read and any wait for memory included, by operation.",
+		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+	}, []string{"operation"})
 )
 
+// admissionResults are the values of tally_webhook_admissions_total's result
+// label.
+var admissionResults = []string{"unchanged", "patched", "denied", "error", "ignored", "unavailable"}
+
 func init() {
-	metrics.Registry.MustRegister(admissions, memoryRefused, memoryWait)
+	metrics.Registry.MustRegister(admissions, memoryRefused, memoryWait, admissionDuration)
+	// Every series an alert or the dashboard reads exists from the start, at
+	// zero, so that a rate over it is defined before its first event.
+	for _, op := range []string{"CREATE", "UPDATE"} {
+		admissionDuration.WithLabelValues(op)
+		for _, result := range admissionResults {
+			admissions.WithLabelValues(op, result)
+		}
+	}
+	for _, class := range []string{"small", "medium", "large"} {
+		memoryRefused.WithLabelValues(class)
+	}
 }
 
 // fault is nil, except in builds with the tallyfault tag (the hostile
@@ -132,11 +152,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 
+	start := time.Now()
 	var rev review
 	var held reservation
 	resp, op := h.answer(w, r, buf, &rev, &held)
 	held.release()
 	admissions.WithLabelValues(operationLabel(op), resp.result).Inc()
+	defer func() { admissionDuration.WithLabelValues(operationLabel(op)).Observe(time.Since(start).Seconds()) }()
 
 	if resp.unavailable {
 		http.Error(w, resp.message, http.StatusServiceUnavailable)

@@ -195,6 +195,9 @@ func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, o
 		}
 		mgrOpts.LeaderElection = true
 		mgrOpts.LeaderElectionResourceLockInterface = lock
+		// Names the lease in leader_election_master_status, which the
+		// chart's TallyAggregatorNoLeader alert selects.
+		mgrOpts.LeaderElectionID, mgrOpts.LeaderElectionNamespace = opts.LeaderElectionID, opts.LeaderElectionNamespace
 		mgrOpts.LeaseDuration, mgrOpts.RenewDeadline, mgrOpts.RetryPeriod = ptr.To(LeaseDuration), ptr.To(RenewDeadline), ptr.To(RetryPeriod)
 		mgrOpts.LeaderElectionReleaseOnCancel = true
 		aggOpts.MayWrite = func() bool { return lock.Holds() && watch.fresh() }
