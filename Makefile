@@ -10,6 +10,7 @@ KUBERNETES_VERSION := 1.37.2
 STATICCHECK_VERSION := v0.8.2
 HELM_VERSION := v3.22.0
 CERT_MANAGER_VERSION := v1.21.2
+PROMETHEUS_VERSION := v0.316.0
 
 BIN := $(CURDIR)/bin
 ENVTEST_DIR := $(BIN)/k8s/$(KUBERNETES_VERSION)
@@ -18,6 +19,7 @@ ETCD := $(ENVTEST_DIR)/etcd
 STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 HELM := $(BIN)/helm-$(HELM_VERSION)
 CERT_MANAGER_CRDS := $(BIN)/cert-manager-crds-$(CERT_MANAGER_VERSION)
+PROMTOOL := $(BIN)/promtool-$(PROMETHEUS_VERSION)
 NODE_BINARIES := $(addprefix $(ENVTEST_DIR)/,kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
 
 # The one-node cluster (make cluster-up): state, kubeconfig and logs under
@@ -31,6 +33,7 @@ CLUSTER_IMAGES := $(BIN)/tally-image.tar $(BIN)/pause-image.tar $(BIN)/workerpoo
 
 export HELM
 export CERT_MANAGER_CRDS
+export PROMTOOL
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
@@ -135,6 +138,12 @@ $(HELM):
 	@echo ">> building helm $(HELM_VERSION) from source"
 	cd hack/helm && go build -ldflags '$(HELM_LDFLAGS)' -o $@ helm.sh/helm/v3/cmd/helm
 
+# promtool, which checks the chart's alerting rules and runs their unit tests;
+# its version is the one hack/promtool/go.mod requires.
+$(PROMTOOL): hack/promtool/go.mod
+	@echo ">> building promtool $(PROMETHEUS_VERSION) from source"
+	cd hack/promtool && go build -o $@ github.com/prometheus/prometheus/cmd/promtool
+
 # cert-manager's CRDs, taken from its Go module (manifests only), for the
 # server-side dry-run of the chart's Issuer and Certificate.
 $(CERT_MANAGER_CRDS):
@@ -148,7 +157,7 @@ golden: envtest-assets $(HELM) ## Regenerate the golden files: the chart's rende
 	UPDATE_GOLDEN=true go test ./test/kubectltally -count=1
 
 .PHONY: test
-test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) ## Run unit tests, fuzz seed corpora, envtest suites and chart tests, with -race.
+test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) $(PROMTOOL) ## Run unit tests, fuzz seed corpora, envtest suites and chart tests, with -race.
 	@echo ">> go test $(GO_TEST_FLAGS) ./... (control plane from $(KUBEBUILDER_ASSETS))"
 	go test $(GO_TEST_FLAGS) ./...
 

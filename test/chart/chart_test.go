@@ -69,7 +69,7 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string, in
 }
 
 func TestLint(t *testing.T) {
-	for _, values := range [][]string{nil, {"two-parents.yaml"}, {"helm-certs.yaml"}} {
+	for _, values := range [][]string{nil, {"two-parents.yaml"}, {"helm-certs.yaml"}, {"monitoring.yaml"}} {
 		args := []string{"lint", "--strict", helm.Chart()}
 		for _, v := range values {
 			args = append(args, "-f", valuesFile(v))
@@ -90,6 +90,7 @@ func TestGolden(t *testing.T) {
 		"default":     nil,
 		"helm-certs":  {"helm-certs.yaml"},
 		"two-parents": {"two-parents.yaml"},
+		"monitoring":  {"monitoring.yaml"},
 	}
 	for name, values := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -115,6 +116,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"bad-timeout.yaml":                   "at '/webhook/timeoutSeconds': maximum: got 60, want 30",
 		"bad-replicas-without-election.yaml": "at '/aggregator/replicas': value must be 1",
 		"bad-replicaset.yaml":                "at '/parents/0': 'not' failed",
+		"bad-alert-ratio.yaml":               "at '/metrics/prometheusRule/thresholds/applyConflictRatio': maximum: got 2, want 1",
 	}
 	for file, want := range tests {
 		t.Run(file, func(t *testing.T) {

@@ -60,7 +60,7 @@ func TestMain(m *testing.M) {
 // parents are the example WorkerPool, and a kind held back (its CRD is not
 // installed): the aggregator serves the one and reports the other.
 var parents = []config.Parent{
-	helm.WorkerPool(config.Counts...),
+	helm.WorkerPool(append(config.Counts, config.Totals...)...),
 	{Group: "held.tally.dev", Version: "v1", Kind: "HeldBackPool", Resource: "heldbackpools"},
 }
 
@@ -99,8 +99,11 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 	port, err := process.FreePort()
 	require.NoError(t, err)
+	webhookMetrics, err := process.FreePort()
+	require.NoError(t, err)
+	webhookMetricsAddr := fmt.Sprintf("127.0.0.1:%d", webhookMetrics)
 	webhook, _ := framework.StartProcess(t, bin, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
-		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
+		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", webhookMetricsAddr, "--shutdown-delay", "0s")
 	metrics, err := process.FreePort()
 	require.NoError(t, err)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", metrics)
@@ -125,6 +128,8 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, d.Run(ctx), "the demo scenario with tally running as the chart installed it")
 	require.NoError(t, d.Stop())
+
+	assertMonitoringReadsExportedMetrics(t, ctx, scrape(t, webhookMetricsAddr)+scrape(t, metricsAddr))
 
 	assertPermissions(t, ctx)
 
