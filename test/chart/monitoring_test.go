@@ -96,6 +96,24 @@ func TestAlertRules(t *testing.T) {
 	assert.GreaterOrEqual(t, alerts, 10)
 }
 
+// TestAlertRulesWithoutLeaderElection: a single aggregator without leader
+// election exports no lease metric; the alert looks for the aggregator
+// itself.
+func TestAlertRulesWithoutLeaderElection(t *testing.T) {
+	groups, err := framework.AlertRules("aggregator.leaderElect=false")
+	require.NoError(t, err)
+	var found bool
+	for _, g := range groups {
+		for _, r := range g.Rules {
+			if r.Alert == "TallyAggregatorNoLeader" {
+				found = true
+				assert.Equal(t, `absent(tally_aggregator_reconciles_total{namespace="tally-system"})`, r.Expr)
+			}
+		}
+	}
+	assert.True(t, found)
+}
+
 // TestAlertRulesExtend: a user's labels and annotations reach every alert,
 // and thresholds reach the queries.
 func TestAlertRulesExtend(t *testing.T) {
