@@ -164,7 +164,7 @@ test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) $(PROMTOOL) ## Run unit tests,
 .PHONY: demo
 demo: build envtest-assets $(HELM) $(if $(filter real,$(DEMO_CLUSTER)),$(CLUSTER) cluster-binaries cluster-images) ## Run tally on a local control plane and drive the scale-down scenario (DEMO_DURATION, default 60s; DEMO_CLUSTER=real: on a one-node cluster, root only).
 	go build -o $(BIN)/tally-demo ./cmd/tally-demo
-	@echo ">> running the demo (kubeconfig, certificates and logs in .demo/; Ctrl-C stops it cleanly)"
+	@echo ">> running the demo (kubeconfig, certificates, logs and the plot of the run in .demo/; Ctrl-C stops it cleanly)"
 	@if [ "$(DEMO_CLUSTER)" = real ]; then \
 		trap 'rc=$$?; $(CLUSTER_DOWN) || rc=1; exit $$rc' EXIT; \
 		$(CLUSTER_UP) && $(BIN)/tally-demo --duration $(DEMO_DURATION) --cluster $(CLUSTER_DIR); \
@@ -199,6 +199,12 @@ bench-scale: envtest-assets ## Count 150,000 pods (50 namespaces x 30 parents x 
 	go run ./test/bench -scenario scale -namespaces 50 -parents-per-namespace 30 -pods 100 -tally-only
 	go run ./test/bench -scenario scale -namespaces 10 -parents-per-namespace 30 -pods 100
 	go run ./test/bench -scenario install -namespaces 50 -parents-per-namespace 30 -pods 100
+
+.PHONY: demo-picture
+demo-picture: build envtest-assets $(HELM) ## Run the demo on a local control plane (seed 1) and keep the plot of the run as docs/demo.png, the README's picture.
+	go build -o $(BIN)/tally-demo ./cmd/tally-demo
+	$(BIN)/tally-demo --duration $(DEMO_DURATION) --seed 1
+	cp .demo/demo.png docs/demo.png
 
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt, go vet, staticcheck, and no test package in the product.

@@ -82,6 +82,8 @@ type Demo struct {
 	totals    bool
 	finished  *Finished
 	stopWatch context.CancelFunc
+	// timeline records the run for its plot.
+	timeline *timeline
 }
 
 // Kubeconfig returns the path of the kubeconfig that reaches the demo's
@@ -116,10 +118,12 @@ func (d *Demo) Processes() []int {
 // Run drives the scenario for Options.Duration while printing progress,
 // then waits for quiescence and prints the verdict. It returns an error
 // when tally's counts differ from the truth at quiescence.
-func (d *Demo) Run(ctx context.Context) error {
+func (d *Demo) Run(ctx context.Context) (err error) {
 	start := time.Now()
+	d.timeline = newTimeline(start)
+	defer func() { d.writePlot(err) }()
 	stopDisplay := d.display(ctx, start)
-	err := d.scenario(ctx)
+	err = d.scenario(ctx)
 	if err == nil {
 		err = d.Converge(ctx, 60*time.Second)
 	}

@@ -9,14 +9,15 @@ import (
 	"tally.dev/tally/pkg/config"
 )
 
-// display prints one progress line a second until the returned func is
-// called.
+// display records a snapshot a quarter of a second into the timeline and
+// prints one progress line a second, until the returned func is called.
 func (d *Demo) display(ctx context.Context, start time.Time) func() {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(time.Second)
+		tick := time.NewTicker(250 * time.Millisecond)
 		defer tick.Stop()
+		var printed time.Time
 		for {
 			select {
 			case <-ctx.Done():
@@ -24,11 +25,16 @@ func (d *Demo) display(ctx context.Context, start time.Time) func() {
 					fmt.Fprintln(d.opts.Out)
 				}
 				return
-			case <-tick.C:
+			case now := <-tick.C:
 				s, err := d.Snapshot(ctx)
 				if err != nil {
 					continue
 				}
+				d.timeline.sample(now, s)
+				if now.Sub(printed) < time.Second {
+					continue
+				}
+				printed = now
 				if d.opts.Redraw {
 					fmt.Fprintf(d.opts.Out, "\r\033[K%s", s.line(time.Since(start)))
 				} else {

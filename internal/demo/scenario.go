@@ -24,17 +24,19 @@ func (d *Demo) scenario(ctx context.Context) error {
 	if err := d.client.Create(ctx, operator.Pool(Namespace, Pool, 20)); err != nil {
 		return err
 	}
+	d.timeline.mark(scaled, "20 replicas")
 	steps := []struct {
 		at   <-chan time.Time
 		what string
-		do   func() error
+		// replicas is what the step sets; 0 ends the scenario.
+		replicas int64
 	}{
-		{at(0.25, 0), "the timer scales down to 8: the operator marks 12 pods scale-down", func() error { return d.SetReplicas(ctx, 8) }},
+		{at(0.25, 0), "the timer scales down to 8: the operator marks 12 pods scale-down", 8},
 		// Marked pods take 0.5 to 3 s to exit: scale up while they do.
-		{at(0.25, 1200*time.Millisecond), "scale-up to 12 in the middle of the scale-down", func() error { return d.SetReplicas(ctx, 12) }},
-		{at(0.6, 0), "the timer scales down to 6", func() error { return d.SetReplicas(ctx, 6) }},
-		{at(0.8, 0), "scale-up to 10", func() error { return d.SetReplicas(ctx, 10) }},
-		{at(1, 0), "scenario over: no more disruptions; waiting for quiescence", func() error { return nil }},
+		{at(0.25, 1200*time.Millisecond), "scale-up to 12 in the middle of the scale-down", 12},
+		{at(0.6, 0), "the timer scales down to 6", 6},
+		{at(0.8, 0), "scale-up to 10", 10},
+		{at(1, 0), "scenario over: no more disruptions; waiting for quiescence", 0},
 	}
 	disrupt := time.NewTicker(dur / 12)
 	defer disrupt.Stop()
@@ -46,10 +48,15 @@ func (d *Demo) scenario(ctx context.Context) error {
 				return ctx.Err()
 			case <-step.at:
 				d.say("%s", step.what)
-				if err := step.do(); err != nil {
+				waiting = false
+				if step.replicas == 0 {
+					d.timeline.mark(ended, "scenario over")
+					break
+				}
+				if err := d.SetReplicas(ctx, step.replicas); err != nil {
 					return err
 				}
-				waiting = false
+				d.timeline.mark(scaled, fmt.Sprintf("%d replicas", step.replicas))
 			case now := <-disrupt.C:
 				if now.After(disruptFrom) && now.Before(disruptTo) {
 					d.disrupt(ctx)
@@ -79,11 +86,15 @@ func (d *Demo) disrupt(ctx context.Context) {
 	p := running[d.rng.IntN(len(running))]
 	if d.opts.Cluster != nil || d.rng.IntN(2) == 0 {
 		d.say("pod %s deleted unexpectedly", p.Name)
-		_ = d.client.Delete(ctx, &p)
+		if d.client.Delete(ctx, &p) == nil {
+			d.timeline.mark(deleted, p.Name)
+		}
 		return
 	}
 	d.say("pod %s crashed (phase Failed)", p.Name)
-	_ = setPhase(ctx, d.client, &p, corev1.PodFailed)
+	if setPhase(ctx, d.client, &p, corev1.PodFailed) == nil {
+		d.timeline.mark(crashed, p.Name)
+	}
 }
 
 // SetReplicas sets the pool's spec.replicas.

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"image/png"
 	"io"
 	"os"
 	"os/exec"
@@ -38,8 +39,9 @@ func buildBinaries(t *testing.T) string {
 func TestDemoScenario(t *testing.T) {
 	ctx := context.Background()
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	dir := t.TempDir()
 	d, err := demo.Start(ctx, demo.Options{
-		Dir:        t.TempDir(),
+		Dir:        dir,
 		BinDir:     buildBinaries(t),
 		ConfigFile: repo.Path("examples", "workerpool", "config.yaml"),
 		Duration:   12 * time.Second,
@@ -55,6 +57,11 @@ func TestDemoScenario(t *testing.T) {
 	})
 
 	require.NoError(t, d.Run(ctx), "the demo's verdict")
+	plot, err := os.Open(filepath.Join(dir, demo.PlotFile))
+	require.NoError(t, err, "the demo leaves a plot of its run")
+	_, err = png.Decode(plot)
+	plot.Close()
+	require.NoError(t, err, "the demo's plot is a PNG")
 
 	// Stop the aggregator, scale down while it is down, start it again:
 	// the counts converge to the truth. While it is down the pods that
