@@ -1,12 +1,13 @@
 package demo
 
 import (
+	"context"
 	"errors"
 	"image/color"
 	"math"
-	"strconv"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -61,6 +62,8 @@ func (d *Demo) writePlot(err error) {
 	switch {
 	case errors.Is(err, errMismatch):
 		title = "FAIL: tally's counts differ from the truth"
+	case errors.Is(err, context.Canceled):
+		title = "interrupted before its verdict"
 	case err != nil:
 		title = "no verdict: " + err.Error()
 	}

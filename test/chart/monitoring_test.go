@@ -121,16 +121,20 @@ func TestAlertRulesExtend(t *testing.T) {
 		"metrics.prometheusRule.alertAnnotations.dashboard=https://grafana.example.com/d/tally-overview",
 		"metrics.prometheusRule.thresholds.heldPodSeconds=900")
 	require.NoError(t, err)
+	require.NotEmpty(t, groups)
+	var held bool
 	for _, g := range groups {
 		for _, r := range g.Rules {
 			assert.Equal(t, "platform", r.Labels["team"], r.Alert)
 			assert.NotEmpty(t, r.Labels["severity"], r.Alert)
 			assert.Equal(t, "https://grafana.example.com/d/tally-overview", r.Annotations["dashboard"], r.Alert)
 			if r.Alert == "TallyPodsHeldByFinalizer" {
+				held = true
 				assert.Contains(t, r.Expr, "> 900")
 			}
 		}
 	}
+	assert.True(t, held, "no TallyPodsHeldByFinalizer alert")
 }
 
 // TestDashboard: the dashboard parses, every panel but the rows has
