@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/internal/image"
+	tallyversion "tally.dev/tally/internal/version"
 )
 
 // Source is the OCI source label.
@@ -46,12 +47,13 @@ func main() {
 	tag := flag.String("tag", "", "the image's reference in the archive (default <image.repository>:<appVersion> of the chart)")
 	entrypoint := flag.String("entrypoint", "", "the image's entrypoint (default none: the pod names the command)")
 	arches := flag.String("arch", "amd64,arm64", "comma-separated architectures")
+	ver := flag.String("version", "", "the image's version, stamped into its commands and labels (default the chart's appVersion)")
 	flag.Parse()
 	if (*out == "") == (*push == "") {
 		fmt.Fprintln(os.Stderr, "image: give exactly one of --out FILE and --push REF")
 		os.Exit(2)
 	}
-	b := build{root: *root, tag: *tag, entrypoint: *entrypoint, arches: strings.Split(*arches, ",")}
+	b := build{root: *root, tag: *tag, entrypoint: *entrypoint, version: *ver, arches: strings.Split(*arches, ",")}
 	if *cmds != "" {
 		b.packages = strings.Split(*cmds, ",")
 	}
@@ -64,14 +66,17 @@ func main() {
 // build is what to build: tally's image, or (packages set) an image of other
 // commands of the repository, such as the examples' operator and worker.
 type build struct {
-	root, tag, entrypoint string
-	packages, arches      []string
+	root, tag, entrypoint, version string
+	packages, arches               []string
 }
 
 func (b build) run(out, push string) error {
 	version, repository, err := chartImage(b.root)
 	if err != nil {
 		return err
+	}
+	if b.version != "" {
+		version = b.version
 	}
 	revision, created, err := commit(b.root)
 	if err != nil {
@@ -110,7 +115,7 @@ func (b build) run(out, push string) error {
 		for _, pkg := range packages {
 			name := path.Base(pkg)
 			bin := filepath.Join(dir, arch, name)
-			if err := goBuild(b.root, arch, pkg, bin); err != nil {
+			if err := goBuild(b.root, arch, version, pkg, bin); err != nil {
 				return err
 			}
 			p.Binaries[name] = bin
@@ -155,9 +160,10 @@ func (b build) run(out, push string) error {
 	return nil
 }
 
-// goBuild builds the package pkg statically for linux/arch, reproducibly.
-func goBuild(root, arch, pkg, out string) error {
-	c := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", out, pkg)
+// goBuild builds the package pkg statically for linux/arch, reproducibly,
+// stamped with version.
+func goBuild(root, arch, version, pkg, out string) error {
+	c := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid= "+tallyversion.LinkerFlag(version), "-o", out, pkg)
 	c.Dir = root
 	c.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
 	if b, err := c.CombinedOutput(); err != nil {

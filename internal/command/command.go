@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"tally.dev/tally/internal/version"
 	"tally.dev/tally/pkg/config"
 )
 
@@ -85,7 +86,12 @@ func Main(name string, run func() error) {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: %s [flags]\n\nFlags:\n", name)
 		flag.PrintDefaults()
 	}
+	printVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
+	if *printVersion {
+		fmt.Println(name, version.String())
+		return
+	}
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "%s: unexpected arguments %q\n", name, flag.Args())
 		os.Exit(2)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/metadata"
 	"sigs.k8s.io/yaml"
 
+	"tally.dev/tally/internal/version"
 	"tally.dev/tally/pkg/config"
 )
 
@@ -76,6 +77,7 @@ removes tally's tracking finalizer from pods after an uninstall.
 Exit status: 0 when all is well, 3 when explain finds a count that differs or doctor a check that fails,
 1 when the command could not look.`,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl tally"},
+		Version:       version.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
