@@ -11,6 +11,10 @@ STATICCHECK_VERSION := v0.8.2
 HELM_VERSION := v3.22.0
 CERT_MANAGER_VERSION := v1.21.2
 PROMETHEUS_VERSION := v0.316.0
+GORELEASER_VERSION := v2.15.1
+SYFT_VERSION := v1.57.1
+KREW_VERSION := v0.4.3
+ACTIONLINT_VERSION := v1.7.12
 
 BIN := $(CURDIR)/bin
 ENVTEST_DIR := $(BIN)/k8s/$(KUBERNETES_VERSION)
@@ -20,6 +24,12 @@ STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 HELM := $(BIN)/helm-$(HELM_VERSION)
 CERT_MANAGER_CRDS := $(BIN)/cert-manager-crds-$(CERT_MANAGER_VERSION)
 PROMTOOL := $(BIN)/promtool-$(PROMETHEUS_VERSION)
+GORELEASER := $(BIN)/goreleaser-$(GORELEASER_VERSION)
+# goreleaser runs the command named syft: one folder per version.
+SYFT := $(BIN)/syft-$(SYFT_VERSION)/syft
+KREW := $(BIN)/krew-$(KREW_VERSION)
+ACTIONLINT := $(BIN)/actionlint-$(ACTIONLINT_VERSION)
+KUBECTL := $(ENVTEST_DIR)/kubectl
 NODE_BINARIES := $(addprefix $(ENVTEST_DIR)/,kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
 
 # The one-node cluster (make cluster-up): state, kubeconfig and logs under
@@ -34,6 +44,10 @@ CLUSTER_IMAGES := $(BIN)/tally-image.tar $(BIN)/pause-image.tar $(BIN)/workerpoo
 export HELM
 export CERT_MANAGER_CRDS
 export PROMTOOL
+export GORELEASER
+export SYFT
+export KREW
+export KUBECTL
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
@@ -144,6 +158,42 @@ $(PROMTOOL): hack/promtool/go.mod
 	@echo ">> building promtool $(PROMETHEUS_VERSION) from source"
 	cd hack/promtool && go build -o $@ github.com/prometheus/prometheus/cmd/promtool
 
+# The release tools, each built from its own module under hack/ (the version
+# its go.mod requires): goreleaser and syft make a release, krew installs
+# its kubectl plugin in the release test, actionlint checks the workflows.
+$(GORELEASER): hack/goreleaser/go.mod
+	@echo ">> building goreleaser $(GORELEASER_VERSION) from source"
+	cd hack/goreleaser && go build -o $@ github.com/goreleaser/goreleaser/v2
+
+$(SYFT): hack/syft/go.mod
+	@echo ">> building syft $(SYFT_VERSION) from source"
+	cd hack/syft && go build -o $@ github.com/anchore/syft/cmd/syft
+
+$(KREW): hack/krew/go.mod
+	@echo ">> building krew $(KREW_VERSION) from source"
+	cd hack/krew && go build -o $@ sigs.k8s.io/krew/cmd/krew
+
+$(ACTIONLINT): hack/actionlint/go.mod
+	@echo ">> building actionlint $(ACTIONLINT_VERSION) from source"
+	cd hack/actionlint && go build -o $@ github.com/rhysd/actionlint/cmd/actionlint
+
+.PHONY: release-tools
+release-tools: $(GORELEASER) $(SYFT) $(KREW) $(KUBECTL) $(HELM) ## Build what make release and its test use: goreleaser, syft, krew, kubectl, helm.
+
+# A release: VERSION (x.y.z, the newest section of CHANGELOG.md) and
+# REGISTRY (where make publish pushes: the image to REGISTRY/tally, the
+# chart to oci://REGISTRY/charts/tally).
+VERSION ?=
+REGISTRY ?= ghcr.io/tally-dev
+
+.PHONY: release
+release: $(GORELEASER) $(SYFT) $(HELM) ## Build a release into dist/: image and chart archives, kubectl-tally archives, SBOMs, krew manifest, checksums (VERSION=x.y.z REGISTRY=...).
+	go run ./hack/release build --version "$(VERSION)" --registry "$(REGISTRY)" --helm $(HELM) --goreleaser $(GORELEASER) --syft $(SYFT)
+
+.PHONY: publish
+publish: $(HELM) ## Push the release in dist/ to REGISTRY: the image, and the chart with helm push (PLAIN_HTTP=true for a local registry).
+	go run ./hack/release publish --registry "$(REGISTRY)" --helm $(HELM) $(if $(filter true,$(PLAIN_HTTP)),--plain-http)
+
 # cert-manager's CRDs, taken from its Go module (manifests only), for the
 # server-side dry-run of the chart's Issuer and Certificate.
 $(CERT_MANAGER_CRDS):
@@ -157,7 +207,7 @@ golden: envtest-assets $(HELM) ## Regenerate the golden files: the chart's rende
 	UPDATE_GOLDEN=true go test ./test/kubectltally -count=1
 
 .PHONY: test
-test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) $(PROMTOOL) ## Run unit tests, fuzz seed corpora, envtest suites and chart tests, with -race.
+test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) $(PROMTOOL) release-tools ## Run unit tests, fuzz seed corpora, envtest suites, chart tests and the release test, with -race.
 	@echo ">> go test $(GO_TEST_FLAGS) ./... (control plane from $(KUBEBUILDER_ASSETS))"
 	go test $(GO_TEST_FLAGS) ./...
 
@@ -207,7 +257,7 @@ demo-picture: build envtest-assets $(HELM) ## Run the demo on a local control pl
 	cp .demo/demo.png docs/demo.png
 
 .PHONY: lint
-lint: $(STATICCHECK) ## gofmt, go vet, staticcheck, and no test package in the product.
+lint: $(STATICCHECK) $(ACTIONLINT) ## gofmt, go vet, staticcheck, actionlint, and no test package in the product.
 	@echo ">> gofmt -l"
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@echo ">> go vet"
@@ -217,6 +267,8 @@ lint: $(STATICCHECK) ## gofmt, go vet, staticcheck, and no test package in the p
 	@echo ">> the product imports no test package"
 	@out=$$(go list -deps ./cmd/... ./internal/... ./pkg/... ./hack/... ./examples/... | grep '^tally.dev/tally/test' || true); \
 		if [ -n "$$out" ]; then echo "imported by cmd, internal, pkg, hack or examples:"; echo "$$out"; exit 1; fi
+	@echo ">> actionlint"
+	$(ACTIONLINT) -no-color
 
 $(STATICCHECK):
 	@echo ">> building staticcheck $(STATICCHECK_VERSION)"
@@ -225,5 +277,5 @@ $(STATICCHECK):
 	mv $(BIN)/staticcheck $@
 
 .PHONY: clean
-clean: ## Remove bin/ (including the control plane binaries).
-	rm -rf $(BIN) .demo
+clean: ## Remove bin/ (including the control plane binaries) and dist/.
+	rm -rf $(BIN) .demo dist

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+
+	"tally.dev/tally/internal/image"
+)
+
+// record is release.json: what a release holds and where publish puts it.
+type record struct {
+	Version string `json:"version"`
+	// Image is <registry>/tally:<version>, the chart's default image.
+	Image        string `json:"image"`
+	ImageDigest  string `json:"imageDigest"`
+	ImageArchive string `json:"imageArchive"`
+	// Chart is oci://<registry>/charts/tally, helm install's reference.
+	Chart        string `json:"chart"`
+	ChartArchive string `json:"chartArchive"`
+}
+
+// recordFile is the name of the record in the release's folder.
+const recordFile = "release.json"
+
+// builder builds a release.
+type builder struct {
+	version, registry      string
+	root, staging          string
+	helm, goreleaser, syft string
+}
+
+func (b builder) build() error {
+	if err := checkVersion(b.version); err != nil {
+		return err
+	}
+	if b.registry == "" {
+		return errors.New("REGISTRY is empty: name where publish will push (registry.example.com/team)")
+	}
+	ref, err := name.NewTag(b.registry + "/tally:" + b.version)
+	if err != nil {
+		return fmt.Errorf("REGISTRY %q: %w", b.registry, err)
+	}
+	if filepath.Base(b.syft) != "syft" {
+		return fmt.Errorf("--syft %q: goreleaser runs the command named syft", b.syft)
+	}
+	root, err := filepath.Abs(b.root)
+	if err != nil {
+		return err
+	}
+	abs := func(p string) string {
+		if filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(root, p)
+	}
+	// goreleaser writes to dist/ (emptying it first).
+	dist, staging := filepath.Join(root, "dist"), abs(b.staging)
+	changelog, err := os.ReadFile(filepath.Join(root, "CHANGELOG.md"))
+	if err != nil {
+		return err
+	}
+	notes, err := releaseNotes(string(changelog), b.version)
+	if err != nil {
+		return err
+	}
+	created, err := commitTime(root)
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(staging); err != nil {
+		return err
+	}
+	rec := record{
+		Version:      b.version,
+		Image:        ref.String(),
+		ImageArchive: "tally-image_" + b.version + ".tar",
+		Chart:        "oci://" + b.registry + "/charts/tally",
+		ChartArchive: "tally-" + b.version + ".tgz",
+	}
+
+	fmt.Printf(">> chart %s, default image %s\n", rec.ChartArchive, ref.Context())
+	chartDir := filepath.Join(staging, "chart", "tally")
+	if err := stageChart(filepath.Join(root, "charts", "tally"), chartDir, ref.Context().String()); err != nil {
+		return err
+	}
+	if err := run(root, nil, b.helm, "package", chartDir, "--version", b.version, "--app-version", b.version, "--destination", staging); err != nil {
+		return err
+	}
+	chartArchive := filepath.Join(staging, rec.ChartArchive)
+	if err := stampChartArchive(chartArchive, created); err != nil {
+		return err
+	}
+
+	fmt.Printf(">> image %s\n", rec.Image)
+	imageArchive := filepath.Join(staging, rec.ImageArchive)
+	if err := run(root, nil, "go", "run", "./hack/image", "--root", root, "--version", b.version, "--tag", rec.Image, "--out", imageArchive); err != nil {
+		return err
+	}
+	if rec.ImageDigest, err = archiveDigest(imageArchive); err != nil {
+		return err
+	}
+
+	fmt.Println(">> goreleaser: kubectl-tally archives, SBOMs, krew manifest, checksums")
+	path := os.Getenv("PATH")
+	if strings.ContainsRune(b.syft, os.PathSeparator) {
+		path = filepath.Dir(abs(b.syft)) + string(os.PathListSeparator) + path
+	}
+	// goreleaser globs extra files relative to the root.
+	relImage, err := filepath.Rel(root, imageArchive)
+	if err != nil || !filepath.IsLocal(relImage) {
+		return fmt.Errorf("--staging %q must be below the repository's root", b.staging)
+	}
+	relChart, _ := filepath.Rel(root, chartArchive)
+	env := []string{
+		"VERSION=" + b.version,
+		"IMAGE_ARCHIVE=" + relImage,
+		"CHART_ARCHIVE=" + relChart,
+		"PATH=" + path,
+		"SYFT_CHECK_FOR_APP_UPDATE=false",
+		"COMMIT_TIMESTAMP=" + strconv.FormatInt(created.Unix(), 10),
+		"COMMIT_DATE=" + created.Format(time.RFC3339),
+	}
+	if err := run(root, env, b.goreleaser, "release", "--snapshot", "--clean"); err != nil {
+		return err
+	}
+	for _, f := range []string{chartArchive, imageArchive} {
+		if err := copyFile(f, filepath.Join(dist, filepath.Base(f))); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dist, "release-notes.md"), []byte(notes), 0o644); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dist, recordFile), append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	return summary(dist, rec)
+}
+
+// archiveDigest returns the digest of the image index in an image archive.
+func archiveDigest(path string) (string, error) {
+	a, err := image.OpenArchive(path)
+	if err != nil {
+		return "", err
+	}
+	defer a.Close()
+	d, err := a.Index.Digest()
+	if err != nil {
+		return "", err
+	}
+	return d.String(), nil
+}
+
+// goreleaserFiles are what goreleaser writes for itself; a release does not
+// publish them.
+var goreleaserFiles = []string{"artifacts.json", "config.yaml", "metadata.json"}
+
+// summary prints the files of the release with their sizes.
+func summary(dist string, rec record) error {
+	entries, err := os.ReadDir(dist)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nrelease %s in %s:\n", rec.Version, dist)
+	for _, e := range entries {
+		if e.IsDir() && e.Name() != "krew" || slices.Contains(goreleaserFiles, e.Name()) {
+			continue
+		}
+		name := e.Name()
+		if e.IsDir() {
+			name = filepath.Join("krew", "tally.yaml")
+		}
+		info, err := os.Stat(filepath.Join(dist, name))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("  %-48s %10s\n", name, size(info.Size()))
+	}
+	fmt.Printf("image %s@%s\nchart %s --version %s\n", rec.Image, rec.ImageDigest, rec.Chart, rec.Version)
+	return nil
+}
+
+func size(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB"
+	case n >= 1<<10:
+		return strconv.FormatFloat(float64(n)/(1<<10), 'f', 1, 64) + " KiB"
+	}
+	return strconv.FormatInt(n, 10) + " B"
+}
+
+// commitTime returns the time of the last commit, which stamps every file.
+func commitTime(root string) (time.Time, error) {
+	c := exec.Command("git", "log", "-1", "--format=%ct")
+	c.Dir = root
+	out, err := c.Output()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading the last commit's time: %w", err)
+	}
+	sec, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading the last commit's time: %w", err)
+	}
+	return time.Unix(sec, 0).UTC(), nil
+}
+
+// run runs a command in dir with env added, its output on ours.
+func run(dir string, env []string, name string, args ...string) error {
+	c := exec.Command(name, args...)
+	c.Dir = dir
+	c.Env = append(os.Environ(), env...)
+	c.Stdout, c.Stderr = os.Stdout, os.Stderr
+	if err := c.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w", filepath.Base(name), args[0], err)
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o644)
+}
