@@ -22,7 +22,7 @@ var imageRepositoryRE = regexp.MustCompile(`(?m)^(image:\s*\n(?:[ \t]+#.*\n)*[ \
 func setImageRepository(values []byte, repository string) ([]byte, error) {
 	loc := imageRepositoryRE.FindSubmatchIndex(values)
 	if loc == nil {
-		return nil, errors.New("charts/tally/values.yaml: no image.repository right under image:")
+		return nil, errors.New("charts/tally/values.yaml: no image.repository (the first key indented under image)")
 	}
 	var b bytes.Buffer
 	b.Write(values[:loc[4]])
