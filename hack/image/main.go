@@ -2,7 +2,9 @@
 // (`make image`, `make push`): the commands of cmd/ that ship in it,
 // statically linked for linux/amd64 and linux/arm64, in one OCI index,
 // tagged <image.repository>:<appVersion> from the chart's values and
-// Chart.yaml (the chart's default image is this one). It writes an archive
+// Chart.yaml (the chart's default image is this one; make release sets
+// --version and --tag), the version stamped into every command (--version
+// prints it). It writes an archive
 // (--out) or pushes to a registry (--push). The same sources give the same
 // digest: binaries are built with -trimpath and no build ID, and every
 // timestamp is the last commit's. With --cmd it builds the same way an image
