@@ -34,6 +34,7 @@ import (
 	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/internal/process"
 	"tally.dev/tally/internal/repo"
+	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/framework"
 )
 
@@ -244,7 +245,12 @@ func TestSlowClientsCannotTakeTheWebhookDown(t *testing.T) {
 	t.Logf("under attack: %d admissions, %d failed, p50 %s, p99 %s; RSS idle %d MiB, peak %d MiB; slow-header connections closed by the server %d/200, stalled bodies %d/20",
 		len(latencies), failures, p50, p99, idle>>20, peak>>20, slowClosed.Load(), stallClosed.Load())
 	assert.Zero(t, failures)
-	assert.Less(t, peak, int64(128<<20), "RSS peak")
+	// What the webhook may hold above idle: the bodies' budget, and the
+	// buffers of MaxConnections connections (TLS and HTTP, under 128 KiB
+	// each). Retained heap makes RSS noisy, so the bound is the design's,
+	// not a measurement's: a webhook that allocated the stalled bodies'
+	// announced 120 MiB up front, or kept more connections, exceeds it.
+	assert.Less(t, peak-idle, int64(mutate.BodyBudget+mutate.MaxConnections*128<<10), "RSS above idle")
 	assert.Equal(t, int32(200), slowClosed.Load(), "connections that never finish their headers are closed")
 	assert.Equal(t, int32(20), stallClosed.Load(), "connections that never send their body are closed")
 	// Not a performance target (the machine is shared): a webhook that
