@@ -106,7 +106,7 @@ $(NODE_BINARIES):
 .PHONY: kubectl
 kubectl: $(BIN)/kubectl ## Build kubectl from the Go module proxy: bin/kubectl (for watching the demo, the Kopf example).
 
-$(BIN)/kubectl: $(ENVTEST_DIR)/kubectl
+$(BIN)/kubectl: $(KUBECTL)
 	ln -sf k8s/$(KUBERNETES_VERSION)/kubectl $@
 
 .PHONY: cluster-binaries

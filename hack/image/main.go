@@ -22,9 +22,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -32,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/internal/image"
+	"tally.dev/tally/internal/repo"
 	tallyversion "tally.dev/tally/internal/version"
 )
 
@@ -80,7 +79,7 @@ func (b build) run(out, push string) error {
 	if b.version != "" {
 		version = b.version
 	}
-	revision, created, err := commit(b.root)
+	revision, created, err := repo.LastCommit(b.root)
 	if err != nil {
 		return err
 	}
@@ -198,23 +197,4 @@ func chartImage(root string) (version, repository string, err error) {
 		return "", "", errors.New("charts/tally needs an appVersion (Chart.yaml) and an image.repository (values.yaml)")
 	}
 	return chart.AppVersion, values.Image.Repository, nil
-}
-
-// commit returns the revision and time of HEAD; the time stamps the image.
-func commit(root string) (string, time.Time, error) {
-	c := exec.Command("git", "log", "-1", "--format=%H %ct")
-	c.Dir = root
-	b, err := c.Output()
-	if err != nil {
-		return "", time.Time{}, fmt.Errorf("reading the last commit: %w", err)
-	}
-	fields := strings.Fields(string(b))
-	if len(fields) != 2 {
-		return "", time.Time{}, fmt.Errorf("unexpected git log output %q", b)
-	}
-	secs, err := strconv.ParseInt(fields[1], 10, 64)
-	if err != nil {
-		return "", time.Time{}, err
-	}
-	return fields[0], time.Unix(secs, 0).UTC(), nil
 }

@@ -15,11 +15,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 
 	"tally.dev/tally/internal/image"
+	"tally.dev/tally/internal/repo"
 )
 
 // record is release.json: what a release holds and where publish puts it.
 type record struct {
 	Version string `json:"version"`
+	// Registry is where publish pushes both.
+	Registry string `json:"registry"`
 	// Image is <registry>/tally:<version>, the chart's default image.
 	Image        string `json:"image"`
 	ImageDigest  string `json:"imageDigest"`
@@ -28,6 +31,10 @@ type record struct {
 	Chart        string `json:"chart"`
 	ChartArchive string `json:"chartArchive"`
 }
+
+// chartRepository is the OCI repository helm push pushes a chart to: its
+// charts live under <registry>/charts.
+func chartRepository(registry string) string { return "oci://" + registry + "/charts" }
 
 // recordFile is the name of the record in the release's folder.
 const recordFile = "release.json"
@@ -65,6 +72,11 @@ func (b builder) build() error {
 	}
 	// goreleaser writes to dist/ (emptying it first).
 	dist, staging := filepath.Join(root, "dist"), abs(b.staging)
+	// goreleaser globs extra files relative to the root, staging among them.
+	relStaging, err := filepath.Rel(root, staging)
+	if err != nil || !filepath.IsLocal(relStaging) {
+		return fmt.Errorf("--staging %q must be below the repository's root", b.staging)
+	}
 	changelog, err := os.ReadFile(filepath.Join(root, "CHANGELOG.md"))
 	if err != nil {
 		return err
@@ -73,7 +85,7 @@ func (b builder) build() error {
 	if err != nil {
 		return err
 	}
-	created, err := commitTime(root)
+	_, created, err := repo.LastCommit(root)
 	if err != nil {
 		return err
 	}
@@ -82,9 +94,10 @@ func (b builder) build() error {
 	}
 	rec := record{
 		Version:      b.version,
+		Registry:     b.registry,
 		Image:        ref.String(),
 		ImageArchive: "tally-image_" + b.version + ".tar",
-		Chart:        "oci://" + b.registry + "/charts/tally",
+		Chart:        chartRepository(b.registry) + "/tally",
 		ChartArchive: "tally-" + b.version + ".tgz",
 	}
 
@@ -115,16 +128,10 @@ func (b builder) build() error {
 	if strings.ContainsRune(b.syft, os.PathSeparator) {
 		path = filepath.Dir(abs(b.syft)) + string(os.PathListSeparator) + path
 	}
-	// goreleaser globs extra files relative to the root.
-	relImage, err := filepath.Rel(root, imageArchive)
-	if err != nil || !filepath.IsLocal(relImage) {
-		return fmt.Errorf("--staging %q must be below the repository's root", b.staging)
-	}
-	relChart, _ := filepath.Rel(root, chartArchive)
 	env := []string{
 		"VERSION=" + b.version,
-		"IMAGE_ARCHIVE=" + relImage,
-		"CHART_ARCHIVE=" + relChart,
+		"IMAGE_ARCHIVE=" + filepath.Join(relStaging, rec.ImageArchive),
+		"CHART_ARCHIVE=" + filepath.Join(relStaging, rec.ChartArchive),
 		"PATH=" + path,
 		"SYFT_CHECK_FOR_APP_UPDATE=false",
 		"COMMIT_TIMESTAMP=" + strconv.FormatInt(created.Unix(), 10),
@@ -202,21 +209,6 @@ func size(n int64) string {
 		return strconv.FormatFloat(float64(n)/(1<<10), 'f', 1, 64) + " KiB"
 	}
 	return strconv.FormatInt(n, 10) + " B"
-}
-
-// commitTime returns the time of the last commit, which stamps every file.
-func commitTime(root string) (time.Time, error) {
-	c := exec.Command("git", "log", "-1", "--format=%ct")
-	c.Dir = root
-	out, err := c.Output()
-	if err != nil {
-		return time.Time{}, fmt.Errorf("reading the last commit's time: %w", err)
-	}
-	sec, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("reading the last commit's time: %w", err)
-	}
-	return time.Unix(sec, 0).UTC(), nil
 }
 
 // run runs a command in dir with env added, its output on ours.

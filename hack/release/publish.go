@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -29,10 +28,8 @@ func (p publisher) publish() error {
 	if err := json.Unmarshal(data, &rec); err != nil {
 		return fmt.Errorf("%s: %w", recordFile, err)
 	}
-	registry := strings.TrimPrefix(rec.Chart, "oci://")
-	registry = strings.TrimSuffix(registry, "/charts/tally")
-	if p.registry != "" && p.registry != registry {
-		return fmt.Errorf("the release in %s was built for %s, not %s: its chart's default image is %s; run make release REGISTRY=%s", p.dist, registry, p.registry, rec.Image, p.registry)
+	if p.registry != "" && p.registry != rec.Registry {
+		return fmt.Errorf("the release in %s was built for %s, not %s: its chart's default image is %s; run make release REGISTRY=%s", p.dist, rec.Registry, p.registry, rec.Image, p.registry)
 	}
 
 	var opts []name.Option
@@ -61,7 +58,7 @@ func (p publisher) publish() error {
 	}
 
 	fmt.Printf(">> pushing the chart to %s\n", rec.Chart)
-	args := []string{"push", filepath.Join(p.dist, rec.ChartArchive), strings.TrimSuffix(rec.Chart, "/tally")}
+	args := []string{"push", filepath.Join(p.dist, rec.ChartArchive), chartRepository(rec.Registry)}
 	if p.plainHTTP {
 		args = append(args, "--plain-http")
 	}

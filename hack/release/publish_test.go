@@ -9,7 +9,7 @@ import (
 )
 
 func TestPublishRefusesWhatItCannotPush(t *testing.T) {
-	const rec = `{"version":"0.1.0","image":"ghcr.io/tally-dev/tally:0.1.0","imageDigest":"sha256:00","imageArchive":"tally-image_0.1.0.tar","chart":"oci://ghcr.io/tally-dev/charts/tally","chartArchive":"tally-0.1.0.tgz"}`
+	const rec = `{"version":"0.1.0","registry":"ghcr.io/tally-dev","image":"ghcr.io/tally-dev/tally:0.1.0","imageDigest":"sha256:00","imageArchive":"tally-image_0.1.0.tar","chart":"oci://ghcr.io/tally-dev/charts/tally","chartArchive":"tally-0.1.0.tgz"}`
 	tests := []struct {
 		name, record, registry, err string
 	}{

@@ -84,7 +84,7 @@ func makeTarget(t *testing.T, args ...string) string {
 }
 
 type record struct {
-	Version, Image, ImageDigest, ImageArchive, Chart, ChartArchive string
+	Version, Registry, Image, ImageDigest, ImageArchive, Chart, ChartArchive string
 }
 
 // built is what a release wrote: the checksums it lists, verified against
@@ -158,7 +158,7 @@ func TestReleasePublishInstall(t *testing.T) {
 		assertSBOM(t, filepath.Join(dist, sbom))
 	}
 	assert.Equal(t, record{
-		Version: version, Image: reg + "/tally:" + version, ImageDigest: rec.ImageDigest, ImageArchive: "tally-image_" + version + ".tar",
+		Version: version, Registry: reg, Image: reg + "/tally:" + version, ImageDigest: rec.ImageDigest, ImageArchive: "tally-image_" + version + ".tar",
 		Chart: "oci://" + reg + "/charts/tally", ChartArchive: "tally-" + version + ".tgz",
 	}, rec)
 	assert.Equal(t, first.record, second.record)
