@@ -1,6 +1,7 @@
 // Package repo locates files of the tally source tree (the chart, the
 // example's CRD, the commands) for the programs that run from a checkout:
-// the demo, the suites and the bench programs.
+// the demo, the suites, the bench programs, and the image and release
+// builds, which also read the last commit.
 package repo
 
 import (
