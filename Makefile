@@ -257,7 +257,7 @@ demo-picture: build envtest-assets $(HELM) ## Run the demo on a local control pl
 	cp .demo/demo.png docs/demo.png
 
 .PHONY: lint
-lint: $(STATICCHECK) $(ACTIONLINT) ## gofmt, go vet, staticcheck, actionlint, and no test package in the product.
+lint: $(STATICCHECK) $(ACTIONLINT) ## gofmt, go vet, staticcheck, actionlint, no test package in the product, no tracked file over 1 MiB outside testdata/.
 	@echo ">> gofmt -l"
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@echo ">> go vet"
@@ -269,6 +269,9 @@ lint: $(STATICCHECK) $(ACTIONLINT) ## gofmt, go vet, staticcheck, actionlint, an
 		if [ -n "$$out" ]; then echo "imported by cmd, internal, pkg, hack or examples:"; echo "$$out"; exit 1; fi
 	@echo ">> actionlint"
 	$(ACTIONLINT) -no-color
+	@echo ">> no tracked file over 1 MiB outside testdata/"
+	@out=$$(git ls-files -z | xargs -0 stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 && $$2 !~ /(^|\/)testdata\//'); \
+		if [ -n "$$out" ]; then echo "tracked files over 1 MiB (bytes, path): build outputs belong in bin/ or dist/, large fixtures in a testdata/ that a test reads:"; echo "$$out"; exit 1; fi
 
 $(STATICCHECK):
 	@echo ">> building staticcheck $(STATICCHECK_VERSION)"
