@@ -5,16 +5,22 @@ SHELL := /usr/bin/env bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := build
 
-# Tool versions, pinned here and nowhere else.
-KUBERNETES_VERSION := 1.37.2
+# Tool versions. A tool built from its own module under hack/ has the
+# version that module's go.mod requires, read from there; the others are
+# pinned here. No Go code names a version: the Makefile exports each
+# tool's path (KUBEBUILDER_ASSETS, HELM, PROMTOOL, ...) to what it runs.
+gomod_version = $(shell awk '$$1 == "$(2)" { print $$2 }' hack/$(1)/go.mod)
+KUBERNETES_VERSION := $(patsubst v%,%,$(call gomod_version,envtest,k8s.io/kubernetes))
+HELM_VERSION := $(call gomod_version,helm,helm.sh/helm/v3)
+PROMETHEUS_VERSION := $(call gomod_version,promtool,github.com/prometheus/prometheus)
+GORELEASER_VERSION := $(call gomod_version,goreleaser,github.com/goreleaser/goreleaser/v2)
+SYFT_VERSION := $(call gomod_version,syft,github.com/anchore/syft)
+KREW_VERSION := $(call gomod_version,krew,sigs.k8s.io/krew)
+ACTIONLINT_VERSION := $(call gomod_version,actionlint,github.com/rhysd/actionlint)
 STATICCHECK_VERSION := v0.8.2
-HELM_VERSION := v3.22.0
 CERT_MANAGER_VERSION := v1.21.2
-PROMETHEUS_VERSION := v0.316.0
-GORELEASER_VERSION := v2.15.1
-SYFT_VERSION := v1.57.1
-KREW_VERSION := v0.4.3
-ACTIONLINT_VERSION := v1.7.12
+KUBE_MAJOR := $(word 1,$(subst ., ,$(KUBERNETES_VERSION)))
+KUBE_MINOR := $(word 2,$(subst ., ,$(KUBERNETES_VERSION)))
 
 BIN := $(CURDIR)/bin
 ENVTEST_DIR := $(BIN)/k8s/$(KUBERNETES_VERSION)
@@ -71,12 +77,12 @@ build: ## Build bin/webhook, bin/aggregator and bin/kubectl-tally.
 image: ## Build the container image without a container engine: bin/tally-image.tar (OCI layout; docker load, kind load image-archive).
 	@echo ">> building the image (linux/amd64 and linux/arm64) into $(BIN)/tally-image.tar"
 	@mkdir -p $(BIN)
-	go run ./hack/image --out $(BIN)/tally-image.tar
+	go run ./hack/image --out $(BIN)/tally-image.tar $(if $(PROJECT_URL),--source "$(PROJECT_URL)")
 
 .PHONY: push
 push: ## Push the same image index to IMAGE=registry/repository:tag (credentials from the Docker config).
 	@test -n "$(IMAGE)" || { echo "usage: make push IMAGE=registry/repository:tag"; exit 2; }
-	go run ./hack/image --push $(IMAGE)
+	go run ./hack/image --push $(IMAGE) $(if $(PROJECT_URL),--source "$(PROJECT_URL)")
 
 .PHONY: envtest-assets
 envtest-assets: $(KUBE_APISERVER) $(ETCD) ## Build kube-apiserver and etcd from source into bin/k8s/<version>.
@@ -84,8 +90,8 @@ envtest-assets: $(KUBE_APISERVER) $(ETCD) ## Build kube-apiserver and etcd from 
 # The version stamps a release build sets: clients (helm's kubeVersion check
 # among them) read the server's version from /version.
 KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=v$(KUBERNETES_VERSION) \
-	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBERNETES_VERSION))) \
-	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_VERSION))) \
+	-X k8s.io/component-base/version.gitMajor=$(KUBE_MAJOR) \
+	-X k8s.io/component-base/version.gitMinor=$(KUBE_MINOR) \
 	-X k8s.io/component-base/version.gitTreeState=clean
 
 $(KUBE_APISERVER):
@@ -142,8 +148,8 @@ e2e-cluster: $(CLUSTER) cluster-binaries cluster-images $(HELM) ## On a one-node
 
 # helm, built from source with the version stamps its release build sets.
 HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
-	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37 \
-	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=$(KUBE_MAJOR) -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(KUBE_MINOR) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$(KUBE_MAJOR) -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(KUBE_MINOR)
 
 .PHONY: helm
 helm: $(HELM) ## Build helm from source into bin/.
@@ -180,15 +186,23 @@ $(ACTIONLINT): hack/actionlint/go.mod
 .PHONY: release-tools
 release-tools: $(GORELEASER) $(SYFT) $(KREW) $(KUBECTL) $(HELM) ## Build what make release and its test use: goreleaser, syft, krew, kubectl, helm.
 
-# A release: VERSION (x.y.z, the newest section of CHANGELOG.md) and
-# REGISTRY (where make publish pushes: the image to REGISTRY/tally, the
-# chart to oci://REGISTRY/charts/tally).
+# A release: VERSION (x.y.z, the newest section of CHANGELOG.md), REGISTRY
+# (where make publish pushes: the image to REGISTRY/tally, the chart to
+# oci://REGISTRY/charts/tally), PROJECT_URL (the project's home page: the
+# image's source label, the krew manifest's homepage), DOWNLOAD_URL (where
+# the release's files are downloaded from: the krew manifest's archives)
+# and, optionally, RUNBOOK_URL (the released chart's runbook URL for its
+# alerts). No default names a registry or a home: a release says where it
+# goes.
 VERSION ?=
-REGISTRY ?= ghcr.io/tally-dev
+REGISTRY ?=
+PROJECT_URL ?=
+DOWNLOAD_URL ?=
+RUNBOOK_URL ?=
 
 .PHONY: release
-release: $(GORELEASER) $(SYFT) $(HELM) ## Build a release into dist/: image and chart archives, kubectl-tally archives, SBOMs, krew manifest, checksums (VERSION=x.y.z REGISTRY=...).
-	go run ./hack/release build --version "$(VERSION)" --registry "$(REGISTRY)" --helm $(HELM) --goreleaser $(GORELEASER) --syft $(SYFT)
+release: $(GORELEASER) $(SYFT) $(HELM) ## Build a release into dist/: image and chart archives, kubectl-tally archives, SBOMs, krew manifest, checksums (VERSION=x.y.z REGISTRY=... PROJECT_URL=... DOWNLOAD_URL=...).
+	go run ./hack/release build --version "$(VERSION)" --registry "$(REGISTRY)" --project-url "$(PROJECT_URL)" --download-url "$(DOWNLOAD_URL)" --runbook-url "$(RUNBOOK_URL)" --helm $(HELM) --goreleaser $(GORELEASER) --syft $(SYFT)
 
 .PHONY: publish
 publish: $(HELM) ## Push the release in dist/ to REGISTRY: the image, and the chart with helm push (PLAIN_HTTP=true for a local registry).
@@ -206,9 +220,28 @@ golden: envtest-assets $(HELM) ## Regenerate the golden files: the chart's rende
 	UPDATE_GOLDEN=true go test ./test/chart -run "TestGolden|TestCertManagerManifests" -count=1
 	UPDATE_GOLDEN=true go test ./test/kubectltally -count=1
 
+# The test tiers. make test: unit tests, fuzz seed corpora, the envtest
+# suites and the chart tests, with the tools they need (kube-apiserver,
+# etcd, helm, cert-manager's CRDs). make test-release: the packages that
+# need the image and release tools (the image, make release and publish,
+# the alerts with promtool). make test-all: both, in one go test run. A
+# test whose tool is not set skips, naming the target (fails under
+# CI=true).
+TEST_TOOLS := envtest-assets $(HELM) $(CERT_MANAGER_CRDS)
+RELEASE_TEST_TOOLS := $(PROMTOOL) release-tools
+RELEASE_TEST_PKGS := ./test/alerts ./test/image ./test/release
+
 .PHONY: test
-test: envtest-assets $(HELM) $(CERT_MANAGER_CRDS) $(PROMTOOL) release-tools ## Run unit tests, fuzz seed corpora, envtest suites, chart tests and the release test, with -race.
-	@echo ">> go test $(GO_TEST_FLAGS) ./... (control plane from $(KUBEBUILDER_ASSETS))"
+test: $(TEST_TOOLS) ## Unit tests, fuzz seed corpora, envtest suites and chart tests, with -race (the release tier: make test-release).
+	@echo ">> go test $(GO_TEST_FLAGS) on every package but $(RELEASE_TEST_PKGS)"
+	go test $(GO_TEST_FLAGS) $$(go list ./... | grep -vxF $(addprefix -e tally.dev/tally/,$(patsubst ./%,%,$(RELEASE_TEST_PKGS))))
+
+.PHONY: test-release
+test-release: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## The image, make release and make publish end to end, and the alerts' rule tests with promtool, with -race.
+	go test $(GO_TEST_FLAGS) $(RELEASE_TEST_PKGS)
+
+.PHONY: test-all
+test-all: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## make test and make test-release in one go test run.
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: demo
@@ -245,7 +278,7 @@ bench: envtest-assets ## Run the benchmarks and the aggregator bench program (fi
 	go run ./test/bench -scenario install -namespaces 10 -parents-per-namespace 30 -pods 100
 
 .PHONY: bench-scale
-bench-scale: envtest-assets ## Count 150,000 pods (50 namespaces x 30 parents x 100) with tally's aggregator, 30,000 beside the conventional controller, then a fresh install into 150,000 unstamped pods (about 100 minutes).
+bench-scale: envtest-assets ## Count 150,000 pods (50 namespaces x 30 parents x 100) with tally's aggregator, 30,000 beside the conventional controller, then a fresh install into 150,000 unstamped pods (long: creating 150,000 pods alone takes 8 to 10 minutes; docs/benchmarks.md).
 	go run ./test/bench -scenario scale -namespaces 50 -parents-per-namespace 30 -pods 100 -tally-only
 	go run ./test/bench -scenario scale -namespaces 10 -parents-per-namespace 30 -pods 100
 	go run ./test/bench -scenario install -namespaces 50 -parents-per-namespace 30 -pods 100

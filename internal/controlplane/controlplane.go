@@ -21,10 +21,6 @@ import (
 	"tally.dev/tally/internal/repo"
 )
 
-// KubernetesVersion is the version of the kube-apiserver the control plane
-// runs; the Makefile builds it into bin/k8s/<version>.
-const KubernetesVersion = "1.37.2"
-
 // Env is a running control plane.
 type Env struct {
 	*envtest.Environment
@@ -47,15 +43,28 @@ type Options struct {
 	EtcdQuotaBytes int64
 }
 
-// Start starts kube-apiserver and etcd and installs the CRDs. The binaries
-// come from KUBEBUILDER_ASSETS or, when unset, from bin/k8s/<version>.
-func Start(opts Options) (*Env, error) {
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
+// AssetsEnv names the variable that holds the folder of kube-apiserver and
+// etcd; the Makefile builds them (make envtest-assets) and exports it.
+const AssetsEnv = "KUBEBUILDER_ASSETS"
+
+// Assets returns the folder of kube-apiserver and etcd ($KUBEBUILDER_ASSETS),
+// or an error that says how to get them.
+func Assets() (string, error) {
+	assets := os.Getenv(AssetsEnv)
 	if assets == "" {
-		assets = repo.Path("bin", "k8s", KubernetesVersion)
+		return "", fmt.Errorf("$%s is not set: run through make (make demo, make test), which builds kube-apiserver and etcd and sets it", AssetsEnv)
 	}
 	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
-		return nil, fmt.Errorf("no kube-apiserver in %s (run `make envtest-assets`): %w", assets, err)
+		return "", fmt.Errorf("no kube-apiserver in $%s=%s (run `make envtest-assets`): %w", AssetsEnv, assets, err)
+	}
+	return assets, nil
+}
+
+// Start starts kube-apiserver and etcd from Assets and installs the CRDs.
+func Start(opts Options) (*Env, error) {
+	assets, err := Assets()
+	if err != nil {
+		return nil, err
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,

@@ -20,9 +20,6 @@ import (
 	"tally.dev/tally/internal/repo"
 )
 
-// Version is the helm the Makefile builds into bin/ and exports as HELM.
-const Version = "v3.22.0"
-
 // The release the suites and the demo stand for: the chart installed as
 // "tally" in "tally-system". The webhook registration and the chart's
 // policy name the aggregator by its service account's username.
@@ -35,13 +32,13 @@ const (
 // Chart returns the path of the chart in the source tree.
 func Chart() string { return repo.Path("charts", "tally") }
 
-// Binary returns the path of the helm binary: $HELM, else
-// bin/helm-<Version>.
+// Binary returns the path of the helm binary: $HELM (the Makefile builds
+// helm into bin/ and exports it), else helm on the PATH.
 func Binary() string {
 	if h := os.Getenv("HELM"); h != "" {
 		return h
 	}
-	return repo.Path("bin", "helm-"+Version)
+	return "helm"
 }
 
 // Run runs helm with args and returns its output.

@@ -29,6 +29,13 @@ import (
 	"tally.dev/tally/test/framework"
 )
 
+func TestMain(m *testing.M) {
+	if ok, code := framework.HaveTools(); !ok {
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
 func buildBinaries(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()

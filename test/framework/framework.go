@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -33,24 +35,67 @@ func Start(opts controlplane.Options) (*Env, error) {
 	return &Env{Env: env}, nil
 }
 
-// CertManagerVersion is the cert-manager whose CRDs the chart tests
-// install; the Makefile fetches them and exports their folder as
-// CERT_MANAGER_CRDS.
-const CertManagerVersion = "v1.21.2"
+// CertManagerCRDs returns the folder of cert-manager's CRDs, which the
+// Makefile fetches and exports as CERT_MANAGER_CRDS.
+func CertManagerCRDs() string { return os.Getenv("CERT_MANAGER_CRDS") }
 
-// CertManagerCRDs returns the folder of cert-manager's CRDs:
-// $CERT_MANAGER_CRDS, else bin/cert-manager-crds-<version>.
-func CertManagerCRDs() string {
-	if d := os.Getenv("CERT_MANAGER_CRDS"); d != "" {
-		return d
+// testTools are the variables through which `make test` hands every suite
+// with a control plane its tools.
+var testTools = []string{controlplane.AssetsEnv, "HELM", "CERT_MANAGER_CRDS"}
+
+// strict reports whether a missing tool fails rather than skips: in CI
+// (CI=true), where every tier must run.
+func strict() bool { return os.Getenv("CI") == "true" }
+
+// Tool returns the path of a tool that the Makefile builds and exports as
+// $env. When it is not set, the test is skipped with a message naming
+// target, the make target that builds and sets it; under CI=true it fails.
+// A path that is set but does not exist always fails.
+func Tool(t testing.TB, env, target string) string {
+	t.Helper()
+	p := os.Getenv(env)
+	if p == "" {
+		msg := fmt.Sprintf("$%s is not set: run `make %s`, which builds the tool and sets it", env, target)
+		if strict() {
+			t.Fatal(msg)
+		}
+		t.Skip("SKIP: " + msg)
 	}
-	return repo.Path("bin", "cert-manager-crds-"+CertManagerVersion)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("$%s: %v", env, err)
+	}
+	return p
+}
+
+// HaveTools is for a TestMain whose package needs the tools `make test`
+// builds (kube-apiserver, etcd, helm, cert-manager's CRDs). When one is not
+// set it says so on stderr and returns false with the exit code: 0, the
+// package skipped, or 1 under CI=true.
+func HaveTools() (ok bool, code int) {
+	var missing []string
+	for _, e := range testTools {
+		if os.Getenv(e) == "" {
+			missing = append(missing, "$"+e)
+		}
+	}
+	if len(missing) == 0 {
+		return true, 0
+	}
+	fmt.Fprintf(os.Stderr, "SKIP: %s not set: run `make test`, which builds the tools and sets them\n", strings.Join(missing, ", "))
+	if strict() {
+		return false, 1
+	}
+	return false, 0
 }
 
 // Main is a test package's TestMain body: it starts one control plane for
 // the package, stores it in *env, runs setup on it, runs the tests and stops
-// it. It returns the exit code.
+// it. It returns the exit code. Without the tools `make test` sets, the
+// package is skipped with a message saying so (failed under CI=true).
 func Main(m interface{ Run() int }, opts controlplane.Options, env **Env, setup ...func(*Env) error) int {
+	if ok, code := HaveTools(); !ok {
+		return code
+	}
 	var err error
 	if *env, err = Start(opts); err != nil {
 		fmt.Fprintln(os.Stderr, err)

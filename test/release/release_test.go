@@ -52,11 +52,7 @@ func TestMain(m *testing.M) {
 // tool returns the path the Makefile exported for a tool of the release.
 func tool(t *testing.T, name string) string {
 	t.Helper()
-	p := os.Getenv(name)
-	if p == "" {
-		t.Fatalf("$%s is not set: run this test through make test, which builds the release tools", name)
-	}
-	return p
+	return framework.Tool(t, name, "test-release")
 }
 
 // newestVersion is the version of CHANGELOG.md's newest section.
@@ -130,12 +126,14 @@ func TestReleasePublishInstall(t *testing.T) {
 	version := newestVersion(t)
 	server := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(server.Close)
-	reg := strings.TrimPrefix(server.URL, "http://") + "/tally-dev"
+	reg := strings.TrimPrefix(server.URL, "http://") + "/team"
 	dist := repo.Path("dist")
+	vars := []string{"VERSION=" + version, "REGISTRY=" + reg, "PROJECT_URL=https://source.example/tally",
+		"DOWNLOAD_URL=https://source.example/tally/releases/v" + version}
 
-	t.Log(makeTarget(t, "release", "VERSION="+version, "REGISTRY="+reg))
+	t.Log(makeTarget(t, append([]string{"release"}, vars...)...))
 	first := readRelease(t, dist)
-	makeTarget(t, "release", "VERSION="+version, "REGISTRY="+reg)
+	makeTarget(t, append([]string{"release"}, vars...)...)
 	second := readRelease(t, dist)
 
 	rec := first.record

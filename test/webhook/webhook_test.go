@@ -80,6 +80,9 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	if ok, code := framework.HaveTools(); !ok {
+		return code
+	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
