@@ -34,9 +34,6 @@ import (
 	tallyversion "tally.dev/tally/internal/version"
 )
 
-// Source is the OCI source label.
-const Source = "https://github.com/tally-dev/tally"
-
 // commands are the commands of cmd/ the image holds, when they exist.
 var commands = []string{"webhook", "aggregator", "kubectl-tally"}
 
@@ -48,13 +45,14 @@ func main() {
 	tag := flag.String("tag", "", "the image's reference in the archive (default <image.repository>:<appVersion> of the chart)")
 	entrypoint := flag.String("entrypoint", "", "the image's entrypoint (default none: the pod names the command)")
 	arches := flag.String("arch", "amd64,arm64", "comma-separated architectures")
+	source := flag.String("source", "", "the project's home page, the image's org.opencontainers.image.source label (default: no such label)")
 	ver := flag.String("version", "", "the image's version, stamped into its commands and labels (default the chart's appVersion)")
 	flag.Parse()
 	if (*out == "") == (*push == "") {
 		fmt.Fprintln(os.Stderr, "image: give exactly one of --out FILE and --push REF")
 		os.Exit(2)
 	}
-	b := build{root: *root, tag: *tag, entrypoint: *entrypoint, version: *ver, arches: strings.Split(*arches, ",")}
+	b := build{root: *root, source: *source, tag: *tag, entrypoint: *entrypoint, version: *ver, arches: strings.Split(*arches, ",")}
 	if *cmds != "" {
 		b.packages = strings.Split(*cmds, ",")
 	}
@@ -67,8 +65,8 @@ func main() {
 // build is what to build: tally's image, or (packages set) an image of other
 // commands of the repository, such as the examples' operator and worker.
 type build struct {
-	root, tag, entrypoint, version string
-	packages, arches               []string
+	root, source, tag, entrypoint, version string
+	packages, arches                       []string
 }
 
 func (b build) run(out, push string) error {
@@ -102,11 +100,13 @@ func (b build) run(out, push string) error {
 	opts := image.Options{
 		Created: created,
 		Labels: map[string]string{
-			"org.opencontainers.image.source":   Source,
 			"org.opencontainers.image.version":  version,
 			"org.opencontainers.image.revision": revision,
 			"org.opencontainers.image.title":    title,
 		},
+	}
+	if b.source != "" {
+		opts.Labels["org.opencontainers.image.source"] = b.source
 	}
 	if b.entrypoint != "" {
 		opts.Entrypoint = []string{b.entrypoint}

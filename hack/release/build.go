@@ -42,6 +42,8 @@ const recordFile = "release.json"
 // builder builds a release.
 type builder struct {
 	version, registry      string
+	project, download      string
+	runbook                string
 	root, staging          string
 	helm, goreleaser, syft string
 }
@@ -52,6 +54,12 @@ func (b builder) build() error {
 	}
 	if b.registry == "" {
 		return errors.New("REGISTRY is empty: name where publish will push (registry.example.com/team)")
+	}
+	if b.project == "" {
+		return errors.New("PROJECT_URL is empty: name the project's home page (the image's source label, the krew manifest's homepage)")
+	}
+	if b.download == "" {
+		return errors.New("DOWNLOAD_URL is empty: name where the release's files will be downloaded from (the krew manifest points there)")
 	}
 	ref, err := name.NewTag(b.registry + "/tally:" + b.version)
 	if err != nil {
@@ -103,7 +111,11 @@ func (b builder) build() error {
 
 	fmt.Printf(">> chart %s, default image %s\n", rec.ChartArchive, ref.Context())
 	chartDir := filepath.Join(staging, "chart", "tally")
-	if err := stageChart(filepath.Join(root, "charts", "tally"), chartDir, ref.Context().String()); err != nil {
+	set := map[string]string{"image.repository": ref.Context().String()}
+	if b.runbook != "" {
+		set["metrics.prometheusRule.runbookURL"] = b.runbook
+	}
+	if err := stageChart(filepath.Join(root, "charts", "tally"), chartDir, set); err != nil {
 		return err
 	}
 	if err := run(root, nil, b.helm, "package", chartDir, "--version", b.version, "--app-version", b.version, "--destination", staging); err != nil {
@@ -116,7 +128,7 @@ func (b builder) build() error {
 
 	fmt.Printf(">> image %s\n", rec.Image)
 	imageArchive := filepath.Join(staging, rec.ImageArchive)
-	if err := run(root, nil, "go", "run", "./hack/image", "--root", root, "--version", b.version, "--tag", rec.Image, "--out", imageArchive); err != nil {
+	if err := run(root, nil, "go", "run", "./hack/image", "--root", root, "--version", b.version, "--source", b.project, "--tag", rec.Image, "--out", imageArchive); err != nil {
 		return err
 	}
 	if rec.ImageDigest, err = archiveDigest(imageArchive); err != nil {
@@ -130,6 +142,8 @@ func (b builder) build() error {
 	}
 	env := []string{
 		"VERSION=" + b.version,
+		"PROJECT_URL=" + b.project,
+		"DOWNLOAD_URL=" + strings.TrimSuffix(b.download, "/"),
 		"IMAGE_ARCHIVE=" + filepath.Join(relStaging, rec.ImageArchive),
 		"CHART_ARCHIVE=" + filepath.Join(relStaging, rec.ChartArchive),
 		"PATH=" + path,

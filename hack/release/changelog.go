@@ -10,8 +10,10 @@ import (
 // expression, without build metadata).
 var semverRE = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-((0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?$`)
 
-// headingRE matches a release's heading in CHANGELOG.md: ## [x.y.z] - date.
-var headingRE = regexp.MustCompile(`^## \[([^\]]+)\] - (\d{4}-\d{2}-\d{2})\s*$`)
+// headingRE matches a release's heading in CHANGELOG.md: ## [x.y.z] - date,
+// or - Unreleased for a version not yet tagged (the release workflow
+// refuses to publish it until the section is dated).
+var headingRE = regexp.MustCompile(`^## \[([^\]]+)\] - (\d{4}-\d{2}-\d{2}|Unreleased)\s*$`)
 
 // checkVersion reports whether v is a version a release can have.
 func checkVersion(v string) error {
@@ -35,7 +37,7 @@ func releaseNotes(changelog, version string) (string, error) {
 		}
 		m := headingRE.FindStringSubmatch(l)
 		if m == nil {
-			return "", fmt.Errorf("CHANGELOG.md: the newest section's heading %q is not \"## [x.y.z] - YYYY-MM-DD\"", l)
+			return "", fmt.Errorf("CHANGELOG.md: the newest section's heading %q is not \"## [x.y.z] - YYYY-MM-DD\" (or \"- Unreleased\")", l)
 		}
 		if m[1] != version {
 			return "", fmt.Errorf("CHANGELOG.md: the newest section is %s, not %s: add a section \"## [%s] - YYYY-MM-DD\" with the release's notes", m[1], version, version)

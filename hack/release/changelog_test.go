@@ -26,6 +26,7 @@ func TestReleaseNotes(t *testing.T) {
 		{name: "older version", changelog: log, version: "0.1.0", err: "the newest section is 0.2.0, not 0.1.0"},
 		{name: "unknown version", changelog: log, version: "0.3.0", err: `add a section "## [0.3.0] - YYYY-MM-DD"`},
 		{name: "unreleased heading", changelog: "## Unreleased\n- x\n## [0.1.0] - 2026-12-01\n", version: "0.1.0", err: `heading "## Unreleased"`},
+		{name: "a version not yet released", changelog: "## [0.1.0] - Unreleased\nFirst.\n", version: "0.1.0", want: "First.\n"},
 		{name: "heading without date", changelog: "## [0.1.0]\n- x\n", version: "0.1.0", err: "is not"},
 		{name: "no section", changelog: "# Changelog\n", version: "0.1.0", err: "has no section"},
 		{name: "empty section", changelog: "## [0.1.0] - 2026-12-01\n\n## [0.0.9] - 2026-11-01\n", version: "0.1.0", err: "the section of 0.1.0 is empty"},

@@ -7,33 +7,58 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 )
 
-// imageRepositoryRE matches the image's repository in the chart's
-// values.yaml: the first `repository:` key indented under `image:`.
-var imageRepositoryRE = regexp.MustCompile(`(?m)^(image:\s*\n(?:[ \t]+#.*\n)*[ \t]+repository:[ \t]*)(\S+)(.*)$`)
-
-// setImageRepository points the chart's default image.repository at
-// repository, leaving the rest of values.yaml (its comments among it) as it is.
-func setImageRepository(values []byte, repository string) ([]byte, error) {
-	loc := imageRepositoryRE.FindSubmatchIndex(values)
-	if loc == nil {
-		return nil, errors.New("charts/tally/values.yaml: no image.repository (the first key indented under image)")
+// setValue sets the scalar at path (image.repository) in a block-style
+// values.yaml to value, leaving every other line (comments among them) as
+// it is.
+func setValue(values []byte, path, value string) ([]byte, error) {
+	lines := strings.SplitAfter(string(values), "\n")
+	type key struct {
+		indent int
+		name   string
 	}
-	var b bytes.Buffer
-	b.Write(values[:loc[4]])
-	b.WriteString(repository)
-	b.Write(values[loc[5]:])
-	return b.Bytes(), nil
+	var stack []key // the keys of the line and of its ancestors
+	for i, l := range lines {
+		m := keyRE.FindStringSubmatchIndex(l)
+		if m == nil {
+			continue
+		}
+		k := key{indent: m[3] - m[2], name: l[m[4]:m[5]]}
+		for len(stack) > 0 && stack[len(stack)-1].indent >= k.indent {
+			stack = stack[:len(stack)-1]
+		}
+		stack = append(stack, k)
+		names := make([]string, len(stack))
+		for j, s := range stack {
+			names[j] = s.name
+		}
+		if strings.Join(names, ".") != path {
+			continue
+		}
+		if m[6] < 0 {
+			return nil, fmt.Errorf("values.yaml: %s is not a scalar", path)
+		}
+		lines[i] = l[:m[6]] + value + l[m[7]:]
+		return []byte(strings.Join(lines, "")), nil
+	}
+	return nil, fmt.Errorf("values.yaml: no %s", path)
 }
 
-// stageChart copies the chart at src to dst with its default image
-// repository set to repository.
-func stageChart(src, dst, repository string) error {
+// keyRE matches a mapping key's line in block-style YAML: its indent, its
+// key and, when it has one on the line, its scalar value (before a comment).
+var keyRE = regexp.MustCompile(`^(\s*)([A-Za-z0-9_]+):(?:[ \t]+([^#\s][^#\n]*?))?[ \t]*(?:#.*)?\r?\n?$`)
+
+// stageChart copies the chart at src to dst with the values set (path →
+// value): the release's image repository, its runbook URL.
+func stageChart(src, dst string, set map[string]string) error {
 	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
 		return fmt.Errorf("copying the chart: %w", err)
 	}
@@ -42,9 +67,10 @@ func stageChart(src, dst, repository string) error {
 	if err != nil {
 		return err
 	}
-	values, err = setImageRepository(values, repository)
-	if err != nil {
-		return err
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		if values, err = setValue(values, k, set[k]); err != nil {
+			return err
+		}
 	}
 	return os.WriteFile(path, values, 0o644)
 }

@@ -17,26 +17,32 @@ import (
 	"tally.dev/tally/internal/repo"
 )
 
-func TestSetImageRepository(t *testing.T) {
+func TestSetValue(t *testing.T) {
 	tests := []struct {
-		name, values, want, err string
+		name, values, path, want, err string
 	}{
 		{
 			name:   "comment between",
-			values: "a: 1\nimage:\n  # -- the image\n  repository: ghcr.io/tally-dev/tally # default\n  tag: \"\"\nother:\n  repository: keep\n",
+			values: "a: 1\nimage:\n  # -- the image\n  repository: old.example/tally # default\n  tag: \"\"\nother:\n  repository: keep\n",
+			path:   "image.repository",
 			want:   "a: 1\nimage:\n  # -- the image\n  repository: r.example/ns/tally # default\n  tag: \"\"\nother:\n  repository: keep\n",
 		},
+		{name: "first key", values: "image:\n  repository: old\n", path: "image.repository", want: "image:\n  repository: r.example/ns/tally\n"},
+		{name: "empty value", values: "image:\n  repository: \"\"\n", path: "image.repository", want: "image:\n  repository: r.example/ns/tally\n"},
 		{
-			name:   "first key",
-			values: "image:\n  repository: old\n",
-			want:   "image:\n  repository: r.example/ns/tally\n",
+			name:   "deeper",
+			values: "metrics:\n  prometheusRule:\n    labels: {}\n    runbookURL: \"\"\n  runbookURL: keep\n",
+			path:   "metrics.prometheusRule.runbookURL",
+			want:   "metrics:\n  prometheusRule:\n    labels: {}\n    runbookURL: r.example/ns/tally\n  runbookURL: keep\n",
 		},
-		{name: "repository elsewhere only", values: "other:\n  repository: x\nimage:\n  tag: v\n", err: "no image.repository"},
-		{name: "no image", values: "a: 1\n", err: "no image.repository"},
+		{name: "a grandchild of that name", values: "image:\n  other:\n    repository: x\n", path: "image.repository", err: "no image.repository"},
+		{name: "repository elsewhere only", values: "other:\n  repository: x\nimage:\n  tag: v\n", path: "image.repository", err: "no image.repository"},
+		{name: "no image", values: "a: 1\n", path: "image.repository", err: "no image.repository"},
+		{name: "not a scalar", values: "image:\n  repository:\n    a: b\n", path: "image.repository", err: "not a scalar"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := setImageRepository([]byte(tt.values), "r.example/ns/tally")
+			got, err := setValue([]byte(tt.values), tt.path, "r.example/ns/tally")
 			if tt.err != "" {
 				require.ErrorContains(t, err, tt.err)
 				return
@@ -47,17 +53,20 @@ func TestSetImageRepository(t *testing.T) {
 	}
 }
 
-// TestSetImageRepositoryOnTheChart checks the chart's own values.yaml: only
-// image.repository changes.
-func TestSetImageRepositoryOnTheChart(t *testing.T) {
+// TestSetValueOnTheChart checks the chart's own values.yaml: only the
+// values a release sets change.
+func TestSetValueOnTheChart(t *testing.T) {
 	values, err := os.ReadFile(filepath.Join(repo.Root(), "charts", "tally", "values.yaml"))
 	require.NoError(t, err)
-	got, err := setImageRepository(values, "r.example/ns/tally")
+	got, err := setValue(values, "image.repository", "r.example/ns/tally")
+	require.NoError(t, err)
+	got, err = setValue(got, "metrics.prometheusRule.runbookURL", "https://docs.example/operating.md")
 	require.NoError(t, err)
 	var before, after map[string]any
 	require.NoError(t, yaml.Unmarshal(values, &before))
 	require.NoError(t, yaml.Unmarshal(got, &after))
 	before["image"].(map[string]any)["repository"] = "r.example/ns/tally"
+	before["metrics"].(map[string]any)["prometheusRule"].(map[string]any)["runbookURL"] = "https://docs.example/operating.md"
 	assert.Equal(t, before, after)
 }
 

@@ -9,14 +9,14 @@ import (
 )
 
 func TestPublishRefusesWhatItCannotPush(t *testing.T) {
-	const rec = `{"version":"0.1.0","registry":"ghcr.io/tally-dev","image":"ghcr.io/tally-dev/tally:0.1.0","imageDigest":"sha256:00","imageArchive":"tally-image_0.1.0.tar","chart":"oci://ghcr.io/tally-dev/charts/tally","chartArchive":"tally-0.1.0.tgz"}`
+	const rec = `{"version":"0.1.0","registry":"registry.example/team","image":"registry.example/team/tally:0.1.0","imageDigest":"sha256:00","imageArchive":"tally-image_0.1.0.tar","chart":"oci://registry.example/team/charts/tally","chartArchive":"tally-0.1.0.tgz"}`
 	tests := []struct {
 		name, record, registry, err string
 	}{
 		{name: "no release", err: "run make release first"},
 		{name: "bad record", record: "{", err: "release.json"},
-		{name: "another registry", record: rec, registry: "registry.example/team", err: "was built for ghcr.io/tally-dev, not registry.example/team"},
-		{name: "no image archive", record: rec, registry: "ghcr.io/tally-dev", err: "tally-image_0.1.0.tar"},
+		{name: "another registry", record: rec, registry: "other.example/team", err: "was built for registry.example/team, not other.example/team"},
+		{name: "no image archive", record: rec, registry: "registry.example/team", err: "tally-image_0.1.0.tar"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

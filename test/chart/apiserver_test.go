@@ -45,7 +45,7 @@ func TestServerSideDryRun(t *testing.T) {
 	ctx := context.Background()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
 	require.NoError(t, client.IgnoreAlreadyExists(env.Client.Create(ctx, ns)))
-	for _, values := range [][]string{nil, {"helm-certs.yaml"}, {"two-parents.yaml"}} {
+	for _, values := range [][]string{nil, {"helm-certs.yaml"}, {"two-parents.yaml"}, {sampleValues}} {
 		t.Run(fmt.Sprint(values), func(t *testing.T) {
 			objs := objects(t, render(t, values...))
 			require.NotEmpty(t, objs)

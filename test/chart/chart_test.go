@@ -33,8 +33,36 @@ const (
 	namespace = helm.Namespace
 )
 
+// valuesFile is a values file of testdata/values, or a path of the
+// repository (examples/values.yaml).
 func valuesFile(name string) string {
+	if strings.Contains(name, "/") {
+		return repo.Path(name)
+	}
 	return repo.Path("test", "chart", "testdata", "values", name)
+}
+
+// sampleValues is the values file README.md shows.
+const sampleValues = "examples/values.yaml"
+
+// TestSampleValues: the README's values file passes the schema and lint,
+// and the configuration it renders loads as the binaries load it.
+func TestSampleValues(t *testing.T) {
+	_, err := helm.Run("lint", helm.Chart(), "--strict", "-f", valuesFile(sampleValues))
+	require.NoError(t, err)
+	var loaded bool
+	for _, u := range objects(t, render(t, sampleValues)) {
+		if u.GetKind() != "ConfigMap" {
+			continue
+		}
+		data, _, _ := unstructured.NestedString(u.Object, "data", "config.yaml")
+		cfg, err := config.Parse([]byte(data))
+		require.NoError(t, err)
+		require.Len(t, cfg.Parents, 1)
+		assert.Equal(t, "status.unexpectedTotal", cfg.Parents[0].Counts[config.UnexpectedTotal])
+		loaded = true
+	}
+	assert.True(t, loaded, "no ConfigMap rendered")
 }
 
 // render runs helm template with the given values files.

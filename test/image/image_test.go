@@ -83,8 +83,8 @@ func appVersion(t *testing.T) string {
 func TestImage(t *testing.T) {
 	dir := t.TempDir()
 	first, second := filepath.Join(dir, "a.tar"), filepath.Join(dir, "b.tar")
-	build(t, "--out", first)
-	build(t, "--out", second)
+	build(t, "--out", first, "--source", "https://source.example/tally")
+	build(t, "--out", second, "--source", "https://source.example/tally")
 	a, err := os.ReadFile(first)
 	require.NoError(t, err)
 	b, err := os.ReadFile(second)
@@ -97,7 +97,7 @@ func TestImage(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, outer.Manifests, 1)
 	assert.Equal(t, appVersion(t), outer.Manifests[0].Annotations["org.opencontainers.image.ref.name"])
-	assert.Equal(t, "ghcr.io/tally-dev/tally:"+appVersion(t), outer.Manifests[0].Annotations["io.containerd.image.name"],
+	assert.Equal(t, "tally.local/tally:"+appVersion(t), outer.Manifests[0].Annotations["io.containerd.image.name"],
 		"the chart's default image (image.repository, tag = appVersion)")
 	idx, err := lp.ImageIndex(outer.Manifests[0].Digest)
 	require.NoError(t, err)
@@ -117,7 +117,7 @@ func TestImage(t *testing.T) {
 		assert.Equal(t, image.User, cfg.Config.User)
 		assert.Empty(t, cfg.Config.Entrypoint)
 		assert.Equal(t, map[string]string{
-			"org.opencontainers.image.source":   "https://github.com/tally-dev/tally",
+			"org.opencontainers.image.source":   "https://source.example/tally",
 			"org.opencontainers.image.version":  appVersion(t),
 			"org.opencontainers.image.revision": gitHead(t),
 			"org.opencontainers.image.title":    "tally",
