@@ -80,11 +80,14 @@ func appVersion(t *testing.T) string {
 	return chart.AppVersion
 }
 
+// source is the project home the test builds the image with.
+const source = "https://source.example/tally"
+
 func TestImage(t *testing.T) {
 	dir := t.TempDir()
 	first, second := filepath.Join(dir, "a.tar"), filepath.Join(dir, "b.tar")
-	build(t, "--out", first, "--source", "https://source.example/tally")
-	build(t, "--out", second, "--source", "https://source.example/tally")
+	build(t, "--out", first, "--source", source)
+	build(t, "--out", second, "--source", source)
 	a, err := os.ReadFile(first)
 	require.NoError(t, err)
 	b, err := os.ReadFile(second)
@@ -117,7 +120,7 @@ func TestImage(t *testing.T) {
 		assert.Equal(t, image.User, cfg.Config.User)
 		assert.Empty(t, cfg.Config.Entrypoint)
 		assert.Equal(t, map[string]string{
-			"org.opencontainers.image.source":   "https://source.example/tally",
+			"org.opencontainers.image.source":   source,
 			"org.opencontainers.image.version":  appVersion(t),
 			"org.opencontainers.image.revision": gitHead(t),
 			"org.opencontainers.image.title":    "tally",
@@ -146,7 +149,7 @@ func TestImage(t *testing.T) {
 	u, err := url.Parse(reg.URL)
 	require.NoError(t, err)
 	ref := u.Host + "/tally:test"
-	build(t, "--push", ref)
+	build(t, "--push", ref, "--source", source)
 	pulled, err := remote.Index(mustRef(t, ref))
 	require.NoError(t, err)
 	pulledDigest, err := pulled.Digest()
