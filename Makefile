@@ -57,7 +57,11 @@ export KUBECTL
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
-GO_TEST_FLAGS ?= -race -count=1 -timeout 30m
+# -p 4: the envtest suites spend most of their time waiting (outages,
+# leases, grace periods), so four packages at a time on two cores: make
+# test warm took 6 min 30 s instead of 10 min 6 s at go's default (-p 2),
+# every suite passing (2026-12-02).
+GO_TEST_FLAGS ?= -race -count=1 -timeout 30m -p 4
 FUZZ_TIME ?= 30s
 BENCH_COUNT ?= 5
 DEMO_DURATION ?= 60s
