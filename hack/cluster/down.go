@@ -141,7 +141,7 @@ func (c *cluster) drainPods() error {
 				if slices.Contains(p.Finalizers, keys.TrackingFinalizer) {
 					// tally's aggregator may be gone already (a test that
 					// failed before it uninstalled tally).
-					_, _ = cs.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, aggregate.ReleasePatch, metav1.PatchOptions{})
+					_, _ = cs.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, aggregate.ReleasePatch(p.UID), metav1.PatchOptions{})
 				}
 			}
 		}

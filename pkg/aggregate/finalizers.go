@@ -16,11 +16,30 @@ import (
 )
 
 // ReleasePatch is the strategic merge patch that removes the tracking
-// finalizer from a pod wherever it is in the list, and changes nothing when
-// it is gone already (the Job controller removes its own the same way).
-var ReleasePatch = []byte(`{"metadata":{"$deleteFromPrimitiveList/finalizers":["` + keys.TrackingFinalizer + `"]}}`)
+// finalizer from the pod with that UID, wherever it is in the list, and
+// changes nothing when it is gone already (the Job controller removes its
+// own the same way). The UID is a precondition: a pod created since under
+// the same name is another pod, and the API server refuses the patch (see
+// Released) instead of taking that pod's finalizer.
+func ReleasePatch(uid types.UID) []byte {
+	u, _ := json.Marshal(uid) // a string always encodes
+	return []byte(`{"metadata":{"$deleteFromPrimitiveList/finalizers":["` + keys.TrackingFinalizer + `"],"uid":` + string(u) + `}}`)
+}
 
-var releasePatch = client.RawPatch(types.StrategicMergePatchType, ReleasePatch)
+// Released reports whether err, from a ReleasePatch, still means the pod
+// it names holds the finalizer no more: the pod is gone (not found), or its
+// name now belongs to another pod (the API server refuses the UID
+// precondition as a change of the immutable metadata.uid).
+func Released(err error) bool {
+	if err == nil || apierrors.IsNotFound(err) {
+		return true
+	}
+	return (apierrors.IsInvalid(err) || apierrors.IsConflict(err)) && strings.Contains(err.Error(), "uid")
+}
+
+func releasePatch(uid types.UID) client.Patch {
+	return client.RawPatch(types.StrategicMergePatchType, ReleasePatch(uid))
+}
 
 // trackPatch adds the tracking finalizer, with the resourceVersion the
 // decision was made on as a precondition: a pod that finished since, and may
@@ -39,9 +58,9 @@ const patchConcurrency = 8
 func (r *Reconciler) releaseAll(ctx context.Context, parent types.UID, pods []*Pod, action string) error {
 	counter := trackingFinalizers.WithLabelValues(r.kind, action)
 	return forEach(ctx, pods, func(ctx context.Context, p *Pod) error {
-		err := r.Writer.Patch(ctx, podMeta(p.Namespace, p.Name), releasePatch, client.FieldOwner(FieldManager))
+		err := r.Writer.Patch(ctx, podMeta(p.Namespace, p.Name), releasePatch(p.UID), client.FieldOwner(FieldManager))
 		switch {
-		case err == nil, apierrors.IsNotFound(err):
+		case Released(err):
 			counter.Inc()
 			if parent != "" {
 				r.releases.add(parent, p.UID)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -249,11 +248,11 @@ func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Po
 // eventReason is the reason of the Warning Event each kind of release sends.
 var eventReason = map[string]string{"unservable": "TrackingReleasedUncounted", "lost": "TrackingLost"}
 
-// patchRelease removes the tracking finalizer from pod; a pod already gone
-// counts as released.
+// patchRelease removes the tracking finalizer from pod; a pod already gone,
+// or whose name another pod took since, counts as released.
 func patchRelease(ctx context.Context, w client.Writer, pod *Pod) error {
-	err := w.Patch(ctx, podMeta(pod.Namespace, pod.Name), releasePatch, client.FieldOwner(FieldManager))
-	if err != nil && !apierrors.IsNotFound(err) {
+	err := w.Patch(ctx, podMeta(pod.Namespace, pod.Name), releasePatch(pod.UID), client.FieldOwner(FieldManager))
+	if !Released(err) {
 		return fmt.Errorf("removing the tracking finalizer of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return nil

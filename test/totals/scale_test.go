@@ -130,7 +130,7 @@ func removeAll(t *testing.T, ns string) {
 	for range 8 {
 		wg.Go(func() {
 			for p := range work {
-				patch := client.RawPatch(types.StrategicMergePatchType, aggregate.ReleasePatch)
+				patch := client.RawPatch(types.StrategicMergePatchType, aggregate.ReleasePatch(p.UID))
 				if err := env.Client.Patch(ctx, p, patch); err != nil && !apierrors.IsNotFound(err) {
 					t.Errorf("releasing %s: %v", p.Name, err)
 				}

@@ -153,8 +153,8 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, s
 			fmt.Fprintf(o.streams.Out, "pod/%s -n %s carries %s\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
 			return nil
 		}
-		_, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, aggregate.ReleasePatch, metav1.PatchOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
+		_, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, aggregate.ReleasePatch(pod.UID), metav1.PatchOptions{})
+		if !aggregate.Released(err) {
 			return fmt.Errorf("removing %s from pod %s/%s: %w", keys.TrackingFinalizer, pod.Namespace, pod.Name, err)
 		}
 		removed++
