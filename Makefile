@@ -57,11 +57,11 @@ export KUBECTL
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
-# -p 4: the envtest suites spend most of their time waiting (outages,
-# leases, grace periods), so four packages at a time on two cores: make
-# test warm took 6 min 30 s instead of 10 min 6 s at go's default (-p 2),
-# every suite passing (2026-12-02).
-GO_TEST_FLAGS ?= -race -count=1 -timeout 30m -p 4
+# Go's default parallelism (two packages at a time here). Four at a time
+# took make test warm from 10 min 6 s to 6 min 30 s (2026-12-02), but under
+# that load test/hostile's connection flood failed once (new connections
+# shed during their TLS handshake), so it is not the default.
+GO_TEST_FLAGS ?= -race -count=1 -timeout 30m
 FUZZ_TIME ?= 30s
 BENCH_COUNT ?= 5
 DEMO_DURATION ?= 60s
