@@ -17,6 +17,8 @@ GORELEASER_VERSION := $(call gomod_version,goreleaser,github.com/goreleaser/gore
 SYFT_VERSION := $(call gomod_version,syft,github.com/anchore/syft)
 KREW_VERSION := $(call gomod_version,krew,sigs.k8s.io/krew)
 ACTIONLINT_VERSION := $(call gomod_version,actionlint,github.com/rhysd/actionlint)
+$(foreach v,KUBERNETES_VERSION HELM_VERSION PROMETHEUS_VERSION GORELEASER_VERSION SYFT_VERSION KREW_VERSION ACTIONLINT_VERSION,\
+	$(if $($(v)),,$(error $(v): its module is not required in its hack/*/go.mod)))
 STATICCHECK_VERSION := v0.8.2
 CERT_MANAGER_VERSION := v1.21.2
 KUBE_MAJOR := $(word 1,$(subst ., ,$(KUBERNETES_VERSION)))

@@ -47,27 +47,27 @@ type Options struct {
 // etcd; the Makefile builds them (make envtest-assets) and exports it.
 const AssetsEnv = "KUBEBUILDER_ASSETS"
 
-// Assets returns the folder of kube-apiserver and etcd ($KUBEBUILDER_ASSETS),
+// assets returns the folder of kube-apiserver and etcd ($KUBEBUILDER_ASSETS),
 // or an error that says how to get them.
-func Assets() (string, error) {
-	assets := os.Getenv(AssetsEnv)
-	if assets == "" {
+func assets() (string, error) {
+	dir := os.Getenv(AssetsEnv)
+	if dir == "" {
 		return "", fmt.Errorf("$%s is not set: run through make (make demo, make test), which builds kube-apiserver and etcd and sets it", AssetsEnv)
 	}
-	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
-		return "", fmt.Errorf("no kube-apiserver in $%s=%s (run `make envtest-assets`): %w", AssetsEnv, assets, err)
+	if _, err := os.Stat(filepath.Join(dir, "kube-apiserver")); err != nil {
+		return "", fmt.Errorf("no kube-apiserver in $%s=%s (run `make envtest-assets`): %w", AssetsEnv, dir, err)
 	}
-	return assets, nil
+	return dir, nil
 }
 
-// Start starts kube-apiserver and etcd from Assets and installs the CRDs.
+// Start starts kube-apiserver and etcd from assets and installs the CRDs.
 func Start(opts Options) (*Env, error) {
-	assets, err := Assets()
+	dir, err := assets()
 	if err != nil {
 		return nil, err
 	}
 	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
+		BinaryAssetsDirectory: dir,
 		CRDInstallOptions: envtest.CRDInstallOptions{
 			Paths:              append([]string{repo.Path("examples", "workerpool", "crd")}, opts.CRDPaths...),
 			ErrorIfPathMissing: true,

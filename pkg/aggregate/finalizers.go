@@ -3,6 +3,7 @@ package aggregate
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -29,12 +30,21 @@ func ReleasePatch(uid types.UID) []byte {
 // Released reports whether err, from a ReleasePatch, still means the pod
 // it names holds the finalizer no more: the pod is gone (not found), or its
 // name now belongs to another pod (the API server refuses the UID
-// precondition as a change of the immutable metadata.uid).
+// precondition as Invalid, metadata.uid being immutable).
 func Released(err error) bool {
 	if err == nil || apierrors.IsNotFound(err) {
 		return true
 	}
-	return (apierrors.IsInvalid(err) || apierrors.IsConflict(err)) && strings.Contains(err.Error(), "uid")
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	for _, cause := range status.Status().Details.Causes {
+		if cause.Field == "metadata.uid" {
+			return true
+		}
+	}
+	return false
 }
 
 func releasePatch(uid types.UID) client.Patch {

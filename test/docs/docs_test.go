@@ -318,6 +318,7 @@ var metricRE = regexp.MustCompile(`tally_(?:webhook|aggregator)_[a-z0-9_]*[a-z0-
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
+	quoted := regexp.MustCompile(`"(` + metricRE.String() + `)"`)
 	for _, dir := range []string{"cmd", "pkg", "internal"} {
 		err := filepath.WalkDir(repo.Path(dir), func(p string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
@@ -327,7 +328,7 @@ func exported(t *testing.T) map[string]bool {
 			if err != nil {
 				return err
 			}
-			for _, m := range regexp.MustCompile(`"(`+metricRE.String()+`)"`).FindAllStringSubmatch(string(data), -1) {
+			for _, m := range quoted.FindAllStringSubmatch(string(data), -1) {
 				names[m[1]] = true
 			}
 			return nil
