@@ -168,7 +168,11 @@ func TestSchemaFixedAfterStart(t *testing.T) {
 		v.Schema.OpenAPIV3Schema.Properties["status"] = status
 	})
 	convergesKind(t, gvk, ns, "idle", uid, twoCounts, 90*time.Second)
-	assert.Zero(t, gauge(t, "tally_aggregator_parent_kind_problems", "FixedPool.late.tally.dev", "field-not-in-schema"))
+	// A refusal can still come after the first apply that succeeded (seen
+	// once in CI, 2026-12-02); the next apply that succeeds clears it.
+	assert.True(t, waitFor(30*time.Second, func() bool {
+		return gauge(t, "tally_aggregator_parent_kind_problems", "FixedPool.late.tally.dev", "field-not-in-schema") == 0
+	}), "the problem is still reported once the schema declares the field")
 }
 
 // TestOtherNamespaceIsNotCounted: a pod in another namespace whose
