@@ -82,12 +82,22 @@ def is_live(pod) -> bool:
             and pod.metadata.deletion_timestamp is None)
 
 
-def mark_for_completion(pod, reason: str = "scale-down") -> None:
-    # One key, merge patch: nothing is read and written back, so nothing is
-    # lost when other handlers run at the same time. tally's webhook makes
-    # the intent sticky and stamps who set it and when.
-    core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
-                              {"metadata": {"annotations": {INTENT: reason}}})
+def mark_for_completion(pod, reason: str = "scale-down") -> bool:
+    """Mark one pod; False when it finished before the mark landed.
+
+    One key, merge patch: nothing is read and written back, so nothing is
+    lost when other handlers run at the same time. tally's webhook makes the
+    intent sticky and stamps who set it and when. It refuses (403) an intent
+    on a pod that has already finished (crashed, or being deleted): that
+    pod's end counts as unexpected, and delete_exited removes it."""
+    try:
+        core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
+                                  {"metadata": {"annotations": {INTENT: reason}}})
+    except kubernetes.client.exceptions.ApiException as e:
+        if e.status in (403, 404):
+            return False
+        raise
+    return True
 
 
 def new_pod(body, name: str) -> dict:
@@ -144,11 +154,9 @@ def scale(body, replicas: int, completing: int, name: str, namespace: str, uid: 
           may_replace: bool = True) -> None:
     live = sorted((p for p in owned_pods(namespace, uid) if is_live(p)), key=lambda p: p.metadata.name)
     if len(live) > replicas:
-        surplus = live[replicas:]
-        for pod in surplus:
-            mark_for_completion(pod)
+        marked = sum(mark_for_completion(pod) for pod in live[replicas:])
         kopf.event(body, type="Normal", reason="ScalingDown",
-                   message=f"asked {len(surplus)} pods to complete; tally shows them in status.completing")
+                   message=f"asked {marked} pods to complete; tally shows them in status.completing")
     elif len(live) < replicas:
         # Recreate what is missing: pods asked to complete are not live (the
         # pods' own intent says so), and tally's status.completing says how

@@ -84,6 +84,8 @@ type Demo struct {
 	stopWatch context.CancelFunc
 	// timeline records the run for its plot.
 	timeline *timeline
+	// late counts the marks of pods that had just finished (markLate).
+	late lateMarks
 }
 
 // Kubeconfig returns the path of the kubeconfig that reaches the demo's

@@ -6,10 +6,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/pkg/intent"
 	"tally.dev/tally/pkg/keys"
 )
 
@@ -68,7 +70,8 @@ func (d *Demo) scenario(ctx context.Context) error {
 }
 
 // disrupt deletes or fails a random running pod without intent, as a node
-// loss or a crash would.
+// loss or a crash would; then the operator, working from a list taken
+// before, marks that pod for completion (markLate).
 func (d *Demo) disrupt(ctx context.Context) {
 	var pods corev1.PodList
 	if err := d.client.List(ctx, &pods, client.InNamespace(Namespace)); err != nil {
@@ -84,16 +87,50 @@ func (d *Demo) disrupt(ctx context.Context) {
 		return
 	}
 	p := running[d.rng.IntN(len(running))]
+	listed := p.DeepCopy()
 	if d.opts.Cluster != nil || d.rng.IntN(2) == 0 {
 		d.say("pod %s deleted unexpectedly", p.Name)
 		if d.client.Delete(ctx, &p) == nil {
 			d.timeline.mark(deleted, p.Name)
+			d.markLate(ctx, listed)
 		}
 		return
 	}
 	d.say("pod %s crashed (phase Failed)", p.Name)
 	if setPhase(ctx, d.client, &p, corev1.PodFailed) == nil {
 		d.timeline.mark(crashed, p.Name)
+		d.markLate(ctx, listed)
+	}
+}
+
+// lateMarks counts what became of the marks markLate sent.
+type lateMarks struct {
+	// refused by the webhook, or gone: the pod was deleted before the mark
+	// arrived.
+	refused, gone int
+	// admitted names the pods whose late mark was admitted: each is a
+	// broken rule.
+	admitted []string
+}
+
+// markLate marks pod, which has just crashed or been deleted, for
+// completion from the copy listed before its end, as an operator acting on
+// a list taken a moment earlier does. The webhook must refuse it: the pod
+// ended without being asked to, so its end counts as unexpected, whenever
+// tally records it.
+func (d *Demo) markLate(ctx context.Context, listed *corev1.Pod) {
+	err := intent.MarkForCompletion(ctx, d.client, listed, operator.ScaleDown)
+	switch {
+	case err == nil:
+		d.say("pod %s marked for completion after it finished: ADMITTED", listed.Name)
+		d.late.admitted = append(d.late.admitted, listed.Name)
+	case apierrors.IsNotFound(err):
+		d.late.gone++
+	case apierrors.IsForbidden(err):
+		d.say("pod %s marked for completion from a list taken before its end: refused, it had finished", listed.Name)
+		d.late.refused++
+	default:
+		d.say("marking %s after it finished failed: %v", listed.Name, err)
 	}
 }
 

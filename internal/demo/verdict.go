@@ -20,7 +20,10 @@ import (
 	"tally.dev/tally/pkg/config"
 )
 
-var errMismatch = errors.New("tally's counts do not equal the truth")
+var (
+	errMismatch = errors.New("tally's counts do not equal the truth")
+	errLateMark = errors.New("an intent set after its pod finished was admitted")
+)
 
 // Snapshot is what tally shows on the pool beside the truth.
 type Snapshot struct {
@@ -124,6 +127,10 @@ func (d *Demo) Verdict(ctx context.Context) error {
 		fmt.Fprintf(d.opts.Out, "verdict: FAIL: tally's counts differ from a fresh List, or its totals from the pods seen finishing\n  %s\n", s.line(0))
 		return errMismatch
 	}
+	if len(d.late.admitted) > 0 {
+		fmt.Fprintf(d.opts.Out, "verdict: FAIL: marks sent after their pods finished were admitted: %s\n", strings.Join(d.late.admitted, ", "))
+		return errLateMark
+	}
 	sent := ""
 	if d.opts.Cluster == nil {
 		applies, err := d.Applies(ctx)
@@ -142,8 +149,12 @@ func (d *Demo) Verdict(ctx context.Context) error {
 		totals = fmt.Sprintf("; its totals equal the pods seen finishing, deleted ones included (completedTotal=%d unexpectedTotal=%d)",
 			s.Totals[config.CompletedTotal], s.Totals[config.UnexpectedTotal])
 	}
-	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d)%s%s. Logs: %s\n",
-		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], totals, sent, d.logDir)
+	late := fmt.Sprintf("; the webhook refused all %d marks sent after their pods had finished", d.late.refused)
+	if d.late.gone > 0 {
+		late += fmt.Sprintf(" (%d more found the pod gone)", d.late.gone)
+	}
+	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d)%s%s%s. Logs: %s\n",
+		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], totals, late, sent, d.logDir)
 	return nil
 }
 

@@ -29,7 +29,7 @@ func terminating(b *builder.PodBuilder) *corev1.Pod {
 	return p
 }
 
-func intent(b *builder.PodBuilder) *builder.PodBuilder {
+func marked(b *builder.PodBuilder) *builder.PodBuilder {
 	return b.Annotation(keys.CompletionIntent, "scale-down")
 }
 
@@ -45,12 +45,12 @@ func TestTally(t *testing.T) {
 		{"terminating, no intent: unexpected", terminating(member().Phase(corev1.PodRunning)), Counts{Unexpected: 1}},
 		{"succeeded, no intent: unexpected", member().Phase(corev1.PodSucceeded).Build(), Counts{Unexpected: 1}},
 		{"failed, no intent: unexpected", member().Phase(corev1.PodFailed).Build(), Counts{Unexpected: 1}},
-		{"intent, running: completing", intent(member()).Phase(corev1.PodRunning).Build(), Counts{Completing: 1}},
-		{"intent, pending: completing", intent(member()).Phase(corev1.PodPending).Build(), Counts{Completing: 1}},
-		{"intent, terminating: still completing", terminating(intent(member()).Phase(corev1.PodRunning)), Counts{Completing: 1}},
-		{"intent, succeeded: completed", intent(member()).Phase(corev1.PodSucceeded).Build(), Counts{Completed: 1}},
-		{"intent, failed: completed", intent(member()).Phase(corev1.PodFailed).Build(), Counts{Completed: 1}},
-		{"intent, succeeded and terminating: completed", terminating(intent(member()).Phase(corev1.PodSucceeded)), Counts{Completed: 1}},
+		{"intent, running: completing", marked(member()).Phase(corev1.PodRunning).Build(), Counts{Completing: 1}},
+		{"intent, pending: completing", marked(member()).Phase(corev1.PodPending).Build(), Counts{Completing: 1}},
+		{"intent, terminating: still completing", terminating(marked(member()).Phase(corev1.PodRunning)), Counts{Completing: 1}},
+		{"intent, succeeded: completed", marked(member()).Phase(corev1.PodSucceeded).Build(), Counts{Completed: 1}},
+		{"intent, failed: completed", marked(member()).Phase(corev1.PodFailed).Build(), Counts{Completed: 1}},
+		{"intent, succeeded and terminating: completed", terminating(marked(member()).Phase(corev1.PodSucceeded)), Counts{Completed: 1}},
 		{"label without ownerReference: not counted", builder.Pod("ns", "p").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 		{"label with another owner's reference: not counted", builder.Pod("ns", "p").ControlledBy(operator.GVK, "other", "uid-q").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 		{"non-controller reference: not counted", builder.Pod("ns", "p").OwnedBy(operator.GVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},
@@ -70,8 +70,8 @@ func TestTallySums(t *testing.T) {
 	pods := []*corev1.Pod{
 		member().Phase(corev1.PodRunning).Build(),
 		member().Phase(corev1.PodRunning).Build(),
-		intent(member()).Phase(corev1.PodRunning).Build(),
-		intent(member()).Phase(corev1.PodSucceeded).Build(),
+		marked(member()).Phase(corev1.PodRunning).Build(),
+		marked(member()).Phase(corev1.PodSucceeded).Build(),
 		member().Phase(corev1.PodFailed).Build(),
 	}
 	var cached []*Pod

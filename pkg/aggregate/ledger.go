@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/intent"
 )
 
 // MaxLedger bounds how many pods a parent's ledger holds at once, as the
@@ -106,13 +107,10 @@ type Step struct {
 // the API server's word.
 func (s *Step) Settled() bool { return len(s.Confirm) == 0 && !s.Unlisted }
 
-// Finished reports whether a pod will never run again: it is terminal, or it
-// is being deleted. This is the Job controller's rule (pkg/controller/job:
-// a pod counts as failed when it is in the Failed phase, or is marked for
-// deletion and not Succeeded; its tracking finalizer is removed then): the
-// kubelet never starts the containers of a pod being deleted again.
+// Finished reports whether a pod will never run again (intent.Finished:
+// terminal, or being deleted; the Job controller's rule).
 func (p *Pod) Finished() bool {
-	return p.Terminal() || p.DeletionTimestamp != nil
+	return intent.Finished(p.Phase, p.DeletionTimestamp != nil)
 }
 
 // Advance takes one step of the ledger protocol for the parent's pods in S(P)

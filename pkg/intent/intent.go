@@ -7,6 +7,7 @@ package intent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 
@@ -35,18 +36,39 @@ func Marked(pod *corev1.Pod) (reason string, ok bool) {
 	return reason, ok
 }
 
+// Finished reports whether a pod in phase, whose deletion was requested or
+// not, has finished: it will never run again. It is terminal, or it is being
+// deleted (the Kubernetes Job controller's rule: the kubelet never starts
+// the containers of a pod being deleted again). An intent counts only when
+// it is admitted before its pod finishes: tally's webhook refuses one set on
+// a pod that has finished, whose end is then counted as unexpected.
+func Finished(phase corev1.PodPhase, deleting bool) bool {
+	return phase == corev1.PodSucceeded || phase == corev1.PodFailed || deleting
+}
+
+// ErrFinished is returned by MarkForCompletion for a pod that has already
+// finished: its end is counted as unexpected, and marking it would be
+// refused.
+var ErrFinished = errors.New("the pod has already finished: an intent must be set before a pod finishes")
+
 // MarkForCompletion records on the pod that its parent asked it to complete,
 // for reason. It patches that one annotation, so it never conflicts with
 // other writers of the pod; marking a pod already marked with the same
-// reason changes nothing. The webhook refuses to change an admitted reason.
-// On success pod holds the pod as stored, with the webhook's -at and -by
-// stamps.
+// reason changes nothing. The webhook refuses to change an admitted reason,
+// and to mark a pod that has finished: for a pod that pod shows finished it
+// returns ErrFinished without a request, and if the pod finished after pod
+// was read the API server's refusal (Forbidden) is returned; the caller's
+// next read shows it finished. On success pod holds the pod as stored, with
+// the webhook's -at and -by stamps.
 func MarkForCompletion(ctx context.Context, c client.Client, pod *corev1.Pod, reason string) error {
 	if err := ValidReason(reason); err != nil {
 		return fmt.Errorf("marking pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	if current, ok := Marked(pod); ok && current == reason {
 		return nil
+	}
+	if Finished(pod.Status.Phase, pod.DeletionTimestamp != nil) {
+		return fmt.Errorf("marking pod %s/%s (phase %s): %w", pod.Namespace, pod.Name, pod.Status.Phase, ErrFinished)
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{keys.CompletionIntent: reason}}})
 	if err != nil {

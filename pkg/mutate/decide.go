@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -32,6 +33,8 @@ type PodMeta struct {
 	Annotations     map[string]string       `json:"annotations,omitempty"`
 	OwnerReferences []metav1.OwnerReference `json:"ownerReferences,omitempty"`
 	Finalizers      []string                `json:"finalizers,omitempty"`
+	// DeletionTimestamp is set once the pod's deletion was requested.
+	DeletionTimestamp *metav1.Time `json:"deletionTimestamp,omitempty"`
 }
 
 // Input is one admission request, reduced to what the decision needs.
@@ -43,6 +46,9 @@ type Input struct {
 	Pod *PodMeta
 	// Old is the stored pod, on UPDATE.
 	Old *PodMeta
+	// OldPhase is the stored pod's phase, on UPDATE: with
+	// Old.DeletionTimestamp it tells whether the pod has finished.
+	OldPhase corev1.PodPhase
 	// Now is the time at which the request is admitted.
 	Now time.Time
 }
@@ -241,7 +247,11 @@ func wantKeysOf(p identity.Parent) wantKeys {
 }
 
 // checkIntent returns a denial message when the request changes or removes
-// an admitted intent, or sets an invalid reason.
+// an admitted intent, sets an invalid reason, or sets an intent on a pod
+// that has finished. An intent counts only when it is admitted before its
+// pod finishes, in the API server's order of events: the stored pod the
+// request is admitted against says whether it has, so a pod's total never
+// depends on when the aggregator looks.
 func checkIntent(in Input) string {
 	reason, has := in.Pod.Annotations[keys.CompletionIntent]
 	if in.Old != nil {
@@ -255,10 +265,18 @@ func checkIntent(in Input) string {
 			return ""
 		}
 	}
-	if has {
-		if err := intent.ValidReason(reason); err != nil {
-			return fmt.Sprintf("annotation %s: %v", keys.CompletionIntent, err)
+	if !has {
+		return ""
+	}
+	if err := intent.ValidReason(reason); err != nil {
+		return fmt.Sprintf("annotation %s: %v", keys.CompletionIntent, err)
+	}
+	if in.Old != nil && intent.Finished(in.OldPhase, in.Old.DeletionTimestamp != nil) {
+		how := fmt.Sprintf("phase %s", in.OldPhase)
+		if in.Old.DeletionTimestamp != nil {
+			how = "its deletion was requested"
 		}
+		return fmt.Sprintf("annotation %s cannot be set on a pod that has finished (%s): an intent counts only when it is set before the pod finishes, and this pod's end is counted as unexpected", keys.CompletionIntent, how)
 	}
 	return ""
 }

@@ -245,6 +245,38 @@ func TestDecide(t *testing.T) {
 			wantDenied: "is not a valid reason",
 		},
 		{
+			name: "an intent set on a pod that failed is denied: its end is unexpected",
+			op:   Update, old: stamped().Phase(corev1.PodFailed), pod: stamped().Phase(corev1.PodFailed).Annotation(keys.CompletionIntent, "scale-down"),
+			wantDenied: "annotation tally.dev/completion-intent cannot be set on a pod that has finished (phase Failed): an intent counts only when it is set before the pod finishes",
+		},
+		{
+			name: "an intent set on a pod that succeeded is denied",
+			op:   Update, old: stamped().Phase(corev1.PodSucceeded), pod: stamped().Annotation(keys.CompletionIntent, "scale-down"),
+			wantDenied: "has finished (phase Succeeded)",
+		},
+		{
+			name: "an intent set on a pod being deleted is denied",
+			op:   Update, old: stamped().Phase(corev1.PodRunning).Deleting(now), pod: stamped().Deleting(now).Annotation(keys.CompletionIntent, "scale-down"),
+			wantDenied: "has finished (its deletion was requested)",
+		},
+		{
+			name: "an intent admitted before the pod finished stays, stamps and all",
+			op:   Update, old: withIntent(stamped()).Phase(corev1.PodFailed).Deleting(now), pod: withIntent(stamped()).Deleting(now).Label("app", "w"),
+			wantNoPatch: true,
+		},
+		{
+			name: "an intent set on a running pod is admitted",
+			op:   Update, old: stamped().Phase(corev1.PodRunning), pod: stamped().Annotation(keys.CompletionIntent, "scale-down"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a", keys.CompletionIntent: "scale-down",
+				keys.CompletionIntentAt: stamp, keys.CompletionIntentBy: user},
+		},
+		{
+			name: "an intent on an untracked pod that finished is allowed untouched",
+			op:   Update, old: pod().Phase(corev1.PodFailed), pod: pod().Annotation(keys.CompletionIntent, "scale-down"),
+			wantNoPatch: true,
+		},
+		{
 			name: "already stamped pod yields no patch",
 			op:   Update, old: withIntent(stamped()), pod: withIntent(stamped()).Label("app", "w"),
 			wantNoPatch: true,
@@ -405,7 +437,7 @@ func admit(t *testing.T, m *Mutator, op Operation, pod, old *corev1.Pod) (Decisi
 	t.Helper()
 	in := Input{Operation: op, User: user, Pod: meta(t, pod), Now: now}
 	if old != nil {
-		in.Old = meta(t, old)
+		in.Old, in.OldPhase = meta(t, old), old.Status.Phase
 	}
 	d := m.Decide(context.Background(), in)
 	raw, err := json.Marshal(pod)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -136,6 +137,9 @@ type object struct {
 	APIVersion string  `json:"apiVersion"`
 	Kind       string  `json:"kind"`
 	Metadata   PodMeta `json:"metadata"`
+	Status     struct {
+		Phase corev1.PodPhase `json:"phase"`
+	} `json:"status"`
 }
 
 var bufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -244,7 +248,7 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, buf *bytes.Buff
 		in.Pod.Namespace = req.Namespace
 	}
 	if req.OldObject != nil {
-		in.Old = &req.OldObject.Metadata
+		in.Old, in.OldPhase = &req.OldObject.Metadata, req.OldObject.Status.Phase
 	}
 	d := h.mutator.Decide(r.Context(), in)
 	if d.Unavailable != "" {

@@ -190,6 +190,26 @@ func TestHandlerUpdateStampsIntent(t *testing.T) {
 	assert.Contains(t, string(resp.Patch), `"path":"/metadata/annotations/tally.dev~1completion-intent-by","value":"`+user+`"`)
 }
 
+// TestHandlerReadsWhetherTheStoredPodFinished: the stored pod's phase and
+// deletionTimestamp reach the decision, so an intent set on a pod that has
+// finished is refused.
+func TestHandlerReadsWhetherTheStoredPodFinished(t *testing.T) {
+	h := newTestHandler()
+	marked := stamped().Annotation(keys.CompletionIntent, "scale-down").Build()
+	for name, old := range map[string]*corev1.Pod{
+		"failed":   stamped().Phase(corev1.PodFailed).Build(),
+		"deleting": stamped().Phase(corev1.PodRunning).Deleting(time.Now()).Build(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp := serve(t, h, reviewBody(t, admissionv1.Update, marked, old))
+			assert.False(t, resp.Allowed)
+			require.NotNil(t, resp.Result)
+			assert.Equal(t, int32(http.StatusForbidden), resp.Result.Code)
+			assert.Contains(t, resp.Result.Message, "cannot be set on a pod that has finished")
+		})
+	}
+}
+
 // TestHandlerFailsTheCallWhenOwnersCannotBeChecked: with verifyOwner and the
 // API server unreachable, the call fails (503, no AdmissionReview), so the
 // webhook's failurePolicy decides; the pod is never admitted unstamped.

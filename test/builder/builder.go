@@ -5,6 +5,7 @@ package builder
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -90,6 +91,12 @@ func (b *PodBuilder) ResourceVersion(rv string) *PodBuilder {
 // Phase sets the pod's phase.
 func (b *PodBuilder) Phase(p corev1.PodPhase) *PodBuilder {
 	b.pod.Status.Phase = p
+	return b
+}
+
+// Deleting marks the pod's deletion as requested at t.
+func (b *PodBuilder) Deleting(t time.Time) *PodBuilder {
+	b.pod.DeletionTimestamp = &metav1.Time{Time: t}
 	return b
 }
 

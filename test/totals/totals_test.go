@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/examples/workerpool/operator"
@@ -34,13 +37,36 @@ func (e ending) String() string {
 	return [...]string{"succeeded", "failed", "deleted while running", "deleted while pending"}[e]
 }
 
+// mark sets the pod's completion intent, as an operator does: one merge
+// patch of that annotation.
+func mark(ctx context.Context, pod *corev1.Pod) error {
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"scale-down"}}}`, keys.CompletionIntent)
+	return env.Client.Patch(ctx, pod.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(patch)))
+}
+
+// markTooLate marks a pod that has finished, as an operator working from a
+// list taken before the pod's end does: the webhook must refuse it (or the
+// pod is gone already), so that the pod's end stays unexpected.
+func markTooLate(ctx context.Context, pod *corev1.Pod) error {
+	err := mark(ctx, pod)
+	switch {
+	case err == nil:
+		return fmt.Errorf("an intent set on %s after it finished was admitted", pod.Name)
+	case apierrors.IsNotFound(err):
+		return nil
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "cannot be set on a pod that has finished"):
+		return nil
+	}
+	return fmt.Errorf("marking %s after it finished: %w", pod.Name, err)
+}
+
 // finish ends a pod as the kubelet and its operator would: the intent first
-// when it has one, then the ending.
+// when it has one, then the ending; without one, the operator then tries to
+// mark the pod it had picked before it ended.
 func finish(ctx context.Context, pod *corev1.Pod, e ending, intent bool) error {
 	c := env.Client
 	if intent {
-		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"scale-down"}}}`, keys.CompletionIntent)
-		if err := c.Patch(ctx, pod.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		if err := mark(ctx, pod); err != nil {
 			return fmt.Errorf("marking %s: %w", pod.Name, err)
 		}
 	}
@@ -63,6 +89,9 @@ func finish(ctx context.Context, pod *corev1.Pod, e ending, intent bool) error {
 	}
 	if err != nil {
 		return fmt.Errorf("ending %s (%s): %w", pod.Name, e, err)
+	}
+	if !intent {
+		return markTooLate(ctx, pod)
 	}
 	return nil
 }
@@ -250,6 +279,54 @@ func TestTotalsSurviveLeaderKill(t *testing.T) {
 	})
 	t.Logf("%d leaders killed", kills)
 	settles(t, ns, wants, seen, 90*time.Second)
+}
+
+// TestIntentAfterTheEndIsRefused: an intent set on a pod that has already
+// failed, succeeded or is being deleted is refused by the webhook through
+// the real API server, so the pod's total is unexpectedTotal whenever the
+// aggregator records it; an intent set before the end counts.
+func TestIntentAfterTheEndIsRefused(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	startWebhook(t, ns, withTotals)
+	_, pods := createPool(t, ns, "pool", 4)
+	const hold = "test.tally.dev/hold"
+	deleting := pods[2]
+	require.NoError(t, env.Client.Patch(ctx, deleting.DeepCopy(), client.RawPatch(types.MergePatchType,
+		fmt.Appendf(nil, `{"metadata":{"finalizers":[%q,%q]}}`, keys.TrackingFinalizer, hold))))
+	t.Cleanup(func() {
+		_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			p := &corev1.Pod{}
+			if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(deleting), p); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+			p.Finalizers = slices.DeleteFunc(p.Finalizers, func(f string) bool { return f == hold })
+			return env.Client.Update(context.Background(), p)
+		})
+	})
+
+	require.NoError(t, finish(ctx, pods[0], failed, false))
+	require.NoError(t, finish(ctx, pods[1], succeeded, false))
+	require.NoError(t, finish(ctx, deleting, deletedRunning, false))
+	require.NoError(t, finish(ctx, pods[3], failed, true))
+	// Refused, not merely gone: the held pod is still there, being deleted.
+	err := mark(ctx, deleting)
+	require.Error(t, err)
+	assert.True(t, apierrors.IsForbidden(err), "%v", err)
+	assert.ErrorContains(t, err, "its deletion was requested")
+
+	for _, p := range pods[:3] {
+		got := &corev1.Pod{}
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(p), got))
+		assert.NotContains(t, got.Annotations, keys.CompletionIntent, "pod %s", p.Name)
+	}
+	// Recorded only now, after the marks: the classes were decided when
+	// the pods finished.
+	startAggregator(t, "aggregator", withTotals, "")
+	require.Eventually(t, func() bool {
+		c, u, ledger := totals(t, ns, "pool")
+		return c == 1 && u == 3 && ledger == 0
+	}, 30*time.Second, 50*time.Millisecond, "totals of the pool")
 }
 
 // TestParentDeletedWithTrackedPods: a pool is deleted while its pods (some

@@ -9,6 +9,7 @@ package operator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -135,21 +136,30 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		slices.SortFunc(running, func(a, b *corev1.Pod) int {
 			return b.CreationTimestamp.Compare(a.CreationTimestamp.Time)*1000 + strings.Compare(b.Name, a.Name)
 		})
+		marked := 0
 		for _, pod := range running[:have-replicas] {
 			err := intent.MarkForCompletion(ctx, r.Client, pod, ScaleDown)
-			if apierrors.IsNotFound(err) {
+			switch {
+			case apierrors.IsNotFound(err):
 				continue
-			}
-			if err != nil {
+			case errors.Is(err, intent.ErrFinished) || apierrors.IsForbidden(err):
+				// It finished (crashed, or was deleted) before the mark
+				// landed, so it no longer runs: its end counts as
+				// unexpected, and once the cache shows it the next
+				// reconcile removes it.
+				log.Info("Pod not marked for completion", "pod", pod.Name, "reason", err.Error())
+				continue
+			case err != nil:
 				return reconcile.Result{}, err
 			}
+			marked++
 			if r.StopMarked {
 				if err := r.stop(ctx, pod); err != nil {
 					return reconcile.Result{}, err
 				}
 			}
 		}
-		log.V(1).Info("Marked pods for completion", "count", have-replicas)
+		log.V(1).Info("Marked pods for completion", "count", marked)
 	}
 	return reconcile.Result{}, nil
 }
