@@ -81,7 +81,7 @@ var (
 	}, []string{"kind"})
 	oldestHeldPod = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tally_aggregator_oldest_held_pod_seconds",
-		Help: "How long the finished pod held longest by the tally.dev/tracking finalizer has been held, since this process first saw it finished or since its deletion if earlier, by parent kind (on the leader); 0 when none is held.",
+		Help: "How long the finished pod held longest by the tally.dev/tracking finalizer has been held, since this process first saw it finished, by parent kind (on the leader); 0 when none is held.",
 	}, []string{"kind"})
 	backfillDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "tally_aggregator_backfill_duration_seconds",

@@ -43,7 +43,7 @@ type Reconciler struct {
 	queue atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
 	Deps
 	// The kind's counters, resolved once.
-	reconciled, applied, skipped, failed, conflicts, fenced prometheus.Counter
+	reconciledTotal, applied, skipped, failed, conflicts, fenced prometheus.Counter
 }
 
 // Deps are what a Reconciler reads from and writes to.
@@ -70,6 +70,10 @@ type Deps struct {
 	// totals left as they are, and the pods' finalizers released by
 	// Unrecorded. Nil: always.
 	Totals *servable.Gate
+	// reconciled, when set, records each parent reconciled while this
+	// replica may write: Unrecorded runs the grace of its pods only from
+	// then.
+	reconciled *reconciledParents
 }
 
 var _ reconcile.Reconciler = (*Reconciler)(nil)
@@ -91,7 +95,7 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	return &Reconciler{
 		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(),
 		releases: newReleases(), Deps: deps,
-		reconciled: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
+		reconciledTotal: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
 		conflicts: applyConflicts.WithLabelValues(kind), fenced: appliesFenced.WithLabelValues(kind),
 	}
@@ -111,7 +115,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	key := parentKey{kind: r.gvk.GroupKind(), name: req.NamespacedName}
 	changes.picked(key)
-	r.reconciled.Inc()
+	r.reconciledTotal.Inc()
+	if r.Deps.reconciled != nil && r.mayWrite() {
+		r.Deps.reconciled.add(key)
+	}
 
 	parent := &unstructured.Unstructured{}
 	parent.SetGroupVersionKind(r.gvk)

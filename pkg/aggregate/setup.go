@@ -124,11 +124,12 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	if err := mgr.Add(gate); err != nil {
 		return err
 	}
+	reconciled := &reconciledParents{}
 	if err := mgr.Add(NewUnrecorded(parents, gate, indexed.GetIndexer(), mgr.GetCache(), mgr.GetClient(),
-		mgr.GetEventRecorder(FieldManager), opts.TrackingGrace, opts.MayWrite, log.WithName("unrecorded"))); err != nil {
+		mgr.GetEventRecorder(FieldManager), opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))); err != nil {
 		return err
 	}
-	k := &kinds{mgr: mgr, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, opts: opts}
+	k := &kinds{mgr: mgr, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, opts: opts}
 	backfill.Unstamped.Notify(k.notify)
 	var pending []config.Parent
 	for _, p := range parents {
@@ -165,7 +166,9 @@ type kinds struct {
 	gate     *servable.Gate
 	pods     toolscache.Indexer
 	backfill *Backfill
-	opts     Options
+	// reconciled records the parents reconciled as leader, for Unrecorded.
+	reconciled *reconciledParents
+	opts       Options
 	// served holds the reconciler of each kind served, by GroupKind.
 	served sync.Map
 }
@@ -190,7 +193,7 @@ func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 	r := NewReconciler(p, Deps{
 		Parents: k.mgr.GetCache(), Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
 		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite,
-		Recorder: k.mgr.GetEventRecorder(FieldManager), Totals: k.gate,
+		Recorder: k.mgr.GetEventRecorder(FieldManager), Totals: k.gate, reconciled: k.reconciled,
 	})
 	err := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).

@@ -57,37 +57,65 @@ const unrecordedEvery = 2 * time.Second
 //     for them (servable.Gate: a kind not served, without a status
 //     subresource, or whose schema lacks the ledger or a total), at once
 //     and uncounted;
-//   - a finished pod of a served kind that is still held tracking grace
-//     after this process first saw it finished (its deletion time when it
-//     is being deleted, if earlier), counted as lost unless its parent's
-//     ledger holds it (then the fold counts it).
+//   - a finished pod of a served kind that is still held once the tracking
+//     grace has run out for it, counted as lost unless its parent's ledger
+//     holds it (then the fold counts it).
+//
+// The grace counts only time during which this process could record the
+// pod: from when it first saw the pod finished, once the pod's parent has
+// been reconciled while this replica may write (so after the start-up
+// sweep's read), and not while this replica is fenced or the gate cannot
+// tell whether the kind is servable. An aggregator that was away, however
+// long, gives every pod the whole grace when it comes back.
 //
 // Each release is logged with the pods' names, counted in a metric, and
 // reported by a Warning Event on the parent when it exists. It runs on the
 // leader only.
 type Unrecorded struct {
-	kinds    []config.Parent
-	gate     *servable.Gate
-	pods     toolscache.Indexer
-	parents  client.Reader
-	writer   client.Writer
-	recorder events.EventRecorder
-	grace    time.Duration
-	mayWrite func() bool
-	log      logr.Logger
-	now      func() time.Time
+	kinds      []config.Parent
+	gate       *servable.Gate
+	pods       toolscache.Indexer
+	parents    client.Reader
+	writer     client.Writer
+	recorder   events.EventRecorder
+	grace      time.Duration
+	mayWrite   func() bool
+	reconciled *reconciledParents
+	log        logr.Logger
+	now        func() time.Time
 
 	mu sync.Mutex
-	// finishedSince is when this process first saw each held pod finished,
-	// by kind.
-	finishedSince map[schema.GroupKind]map[types.UID]time.Time
+	// held is what is known of each held pod, by kind; lastPass is when
+	// each kind was last looked at.
+	held     map[schema.GroupKind]map[types.UID]heldPod
+	lastPass map[schema.GroupKind]time.Time
+}
+
+// heldPod is what Unrecorded knows of a finished pod that still carries the
+// tracking finalizer.
+type heldPod struct {
+	// seen is when this process first saw it held.
+	seen time.Time
+	// used is how much of the grace it has used since.
+	used time.Duration
+}
+
+// reconciledParents records the parents reconciled while this replica may
+// write: the grace of a parent's pods runs only from then.
+type reconciledParents struct{ m sync.Map }
+
+func (r *reconciledParents) add(k parentKey) { r.m.Store(k, struct{}{}) }
+
+func (r *reconciledParents) has(k parentKey) bool {
+	_, ok := r.m.Load(k)
+	return ok
 }
 
 // NewUnrecorded returns the releaser of the pods of kinds (those with totals)
 // whose finish cannot be recorded. pods is the pod informer's indexer (with
 // Indexers); parents reads parents from the cache.
 func NewUnrecorded(kinds []config.Parent, gate *servable.Gate, pods toolscache.Indexer, parents client.Reader, writer client.Writer,
-	recorder events.EventRecorder, grace time.Duration, mayWrite func() bool, log logr.Logger) *Unrecorded {
+	recorder events.EventRecorder, grace time.Duration, mayWrite func() bool, reconciled *reconciledParents, log logr.Logger) *Unrecorded {
 	var tracked []config.Parent
 	for _, p := range kinds {
 		if p.Tracked() {
@@ -95,7 +123,8 @@ func NewUnrecorded(kinds []config.Parent, gate *servable.Gate, pods toolscache.I
 		}
 	}
 	return &Unrecorded{kinds: tracked, gate: gate, pods: pods, parents: parents, writer: writer, recorder: recorder,
-		grace: grace, mayWrite: mayWrite, log: log, now: time.Now, finishedSince: map[schema.GroupKind]map[types.UID]time.Time{}}
+		grace: grace, mayWrite: mayWrite, reconciled: reconciled, log: log, now: time.Now,
+		held: map[schema.GroupKind]map[types.UID]heldPod{}, lastPass: map[schema.GroupKind]time.Time{}}
 }
 
 // Start looks for pods to release every few seconds until ctx is done.
@@ -124,18 +153,28 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 		return err
 	}
 	now := u.now()
+	problem := u.gate.Problem(kind)
+	writes := u.mayWrite == nil || u.mayWrite()
+	runs := func(pod *Pod) bool {
+		return writes && (problem == nil || !problem.Unknown) &&
+			u.reconciled.has(parentKey{kind: kind, name: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}})
+	}
 	u.mu.Lock()
-	since, expired := overdue(held, u.finishedSince[kind], now, u.grace)
-	reportHeld(kind, since, now)
-	if u.mayWrite != nil && !u.mayWrite() {
-		// Fenced: the held pods are shown, and their clocks start only when
+	var elapsed time.Duration
+	if last, ok := u.lastPass[kind]; ok {
+		elapsed = now.Sub(last)
+	}
+	u.lastPass[kind] = now
+	known, expired := overdue(held, u.held[kind], now, elapsed, u.grace, runs)
+	u.held[kind] = known
+	reportHeld(kind, known, now)
+	u.mu.Unlock()
+	if !writes {
+		// Fenced: the held pods are shown, and their grace waits until
 		// this replica may release them.
-		u.mu.Unlock()
 		return nil
 	}
-	u.finishedSince[kind] = since
-	u.mu.Unlock()
-	if problem := u.gate.Problem(kind); problem != nil {
+	if problem != nil {
 		if problem.Unknown {
 			// The API server could not tell: nothing is released on that.
 			return nil
@@ -154,38 +193,38 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 		fmt.Sprintf("tally could not record these pods within the tracking grace (%s): released; they are not counted in the totals", u.grace))
 }
 
-// reportHeld sets the held-pod gauges of kind from since, when each held pod
-// has been held since.
-func reportHeld(kind schema.GroupKind, since map[types.UID]time.Time, now time.Time) {
+// reportHeld sets the held-pod gauges of kind from held.
+func reportHeld(kind schema.GroupKind, held map[types.UID]heldPod, now time.Time) {
 	var oldest time.Duration
-	for _, at := range since {
-		oldest = max(oldest, now.Sub(at))
+	for _, h := range held {
+		oldest = max(oldest, now.Sub(h.seen))
 	}
-	heldPods.WithLabelValues(kind.String()).Set(float64(len(since)))
+	heldPods.WithLabelValues(kind.String()).Set(float64(len(held)))
 	oldestHeldPod.WithLabelValues(kind.String()).Set(oldest.Seconds())
 }
 
-// overdue returns since when each held pod has been held — since it was
-// first seen finished (before remembers it; now for a pod not seen yet), or
-// since its deletion when that is earlier — and the pods held for grace or
-// longer. Pods no longer held are forgotten.
-func overdue(held []*Pod, before map[types.UID]time.Time, now time.Time, grace time.Duration) (map[types.UID]time.Time, []*Pod) {
-	since := make(map[types.UID]time.Time, len(held))
+// overdue returns what is known of each held pod after this pass — a pod
+// not seen before is seen now, with none of its grace used; one seen
+// before adds elapsed to the grace it used when its grace runs now (runs)
+// — and the pods that have used all of it. Pods no longer held are
+// forgotten.
+func overdue(held []*Pod, before map[types.UID]heldPod, now time.Time, elapsed, grace time.Duration, runs func(*Pod) bool) (map[types.UID]heldPod, []*Pod) {
+	known := make(map[types.UID]heldPod, len(held))
 	var expired []*Pod
 	for _, pod := range held {
-		at, ok := before[pod.UID]
-		if !ok {
-			at = now
+		h, seen := before[pod.UID]
+		switch {
+		case !seen:
+			h = heldPod{seen: now}
+		case runs(pod):
+			h.used += elapsed
 		}
-		if d := pod.DeletionTimestamp; d != nil && d.Time.Before(at) {
-			at = d.Time
-		}
-		since[pod.UID] = at
-		if now.Sub(at) >= grace {
+		known[pod.UID] = h
+		if h.used >= grace {
 			expired = append(expired, pod)
 		}
 	}
-	return since, expired
+	return known, expired
 }
 
 func (u *Unrecorded) byIndex(index string, kind schema.GroupKind) ([]*Pod, error) {

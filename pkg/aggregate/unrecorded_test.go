@@ -22,28 +22,42 @@ func TestOverdue(t *testing.T) {
 		}
 		return p
 	}
+	used := func(d time.Duration) heldPod { return heldPod{seen: now.Add(-time.Hour), used: d} }
+	always := func(*Pod) bool { return true }
+	never := func(*Pod) bool { return false }
 	tests := []struct {
 		name        string
 		held        []*Pod
-		before      map[types.UID]time.Time
-		wantSince   map[types.UID]time.Time
+		before      map[types.UID]heldPod
+		elapsed     time.Duration
+		runs        func(*Pod) bool
+		want        map[types.UID]heldPod
 		wantExpired []types.UID
 	}{
-		{name: "first seen now", held: []*Pod{held("a", 0)},
-			wantSince: map[types.UID]time.Time{"a": now}},
-		{name: "seen within the grace", held: []*Pod{held("a", 0)}, before: map[types.UID]time.Time{"a": now.Add(-grace + time.Second)},
-			wantSince: map[types.UID]time.Time{"a": now.Add(-grace + time.Second)}},
-		{name: "seen the whole grace", held: []*Pod{held("a", 0)}, before: map[types.UID]time.Time{"a": now.Add(-grace)},
-			wantSince: map[types.UID]time.Time{"a": now.Add(-grace)}, wantExpired: []types.UID{"a"}},
-		{name: "deleted before it was seen: a restarted aggregator does not wait again", held: []*Pod{held("a", 3*time.Minute)},
-			wantSince: map[types.UID]time.Time{"a": now.Add(-3 * time.Minute)}, wantExpired: []types.UID{"a"}},
-		{name: "pods no longer held are forgotten", held: []*Pod{held("b", 0)}, before: map[types.UID]time.Time{"a": now.Add(-time.Hour)},
-			wantSince: map[types.UID]time.Time{"b": now}},
+		{name: "first seen: the grace starts now", held: []*Pod{held("a", 0)}, elapsed: time.Hour, runs: always,
+			want: map[types.UID]heldPod{"a": {seen: now}}},
+		{name: "deleted long before it was seen (the aggregator was away): the whole grace is left",
+			held: []*Pod{held("a", time.Hour)}, elapsed: 2 * time.Second, runs: always,
+			want: map[types.UID]heldPod{"a": {seen: now}}},
+		{name: "within the grace", held: []*Pod{held("a", 0)}, before: map[types.UID]heldPod{"a": used(grace - 3*time.Second)},
+			elapsed: 2 * time.Second, runs: always, want: map[types.UID]heldPod{"a": used(grace - time.Second)}},
+		{name: "the whole grace used", held: []*Pod{held("a", 0)}, before: map[types.UID]heldPod{"a": used(grace - time.Second)},
+			elapsed: 2 * time.Second, runs: always,
+			want: map[types.UID]heldPod{"a": used(grace + time.Second)}, wantExpired: []types.UID{"a"}},
+		{name: "paused (fenced, the gate cannot tell, parent not reconciled yet): the grace waits",
+			held: []*Pod{held("a", 0)}, before: map[types.UID]heldPod{"a": used(grace - time.Second)},
+			elapsed: time.Hour, runs: never, want: map[types.UID]heldPod{"a": used(grace - time.Second)}},
+		{name: "only the pods whose grace runs use it", held: []*Pod{held("a", 0), held("b", 0)},
+			before: map[types.UID]heldPod{"a": used(time.Second), "b": used(time.Second)}, elapsed: time.Second,
+			runs: func(p *Pod) bool { return p.UID == "a" },
+			want: map[types.UID]heldPod{"a": used(2 * time.Second), "b": used(time.Second)}},
+		{name: "pods no longer held are forgotten", held: []*Pod{held("b", 0)}, before: map[types.UID]heldPod{"a": used(time.Hour)},
+			runs: always, want: map[types.UID]heldPod{"b": {seen: now}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			since, expired := overdue(tt.held, tt.before, now, grace)
-			assert.Equal(t, tt.wantSince, since)
+			known, expired := overdue(tt.held, tt.before, now, tt.elapsed, grace, tt.runs)
+			assert.Equal(t, tt.want, known)
 			var uids []types.UID
 			for _, p := range expired {
 				uids = append(uids, p.UID)
@@ -82,17 +96,19 @@ func TestReportHeld(t *testing.T) {
 	now := time.Unix(10_000, 0)
 	kind := schema.GroupKind{Group: "example.tally.dev", Kind: "HeldPool"}
 	tests := []struct {
-		name         string
-		since        map[types.UID]time.Time
-		held, oldest float64
+		name          string
+		held          map[types.UID]heldPod
+		count, oldest float64
 	}{
-		{name: "two held, the oldest for 90s", since: map[types.UID]time.Time{"a": now.Add(-90 * time.Second), "b": now.Add(-time.Second)}, held: 2, oldest: 90},
-		{name: "none held", held: 0, oldest: 0},
+		{name: "two held, the oldest for 90s (whatever grace it used)", held: map[types.UID]heldPod{
+			"a": {seen: now.Add(-90 * time.Second), used: time.Second}, "b": {seen: now.Add(-time.Second)},
+		}, count: 2, oldest: 90},
+		{name: "none held", count: 0, oldest: 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			reportHeld(kind, tt.since, now)
-			assert.Equal(t, tt.held, testutil.ToFloat64(heldPods.WithLabelValues(kind.String())))
+			reportHeld(kind, tt.held, now)
+			assert.Equal(t, tt.count, testutil.ToFloat64(heldPods.WithLabelValues(kind.String())))
 			assert.Equal(t, tt.oldest, testutil.ToFloat64(oldestHeldPod.WithLabelValues(kind.String())))
 		})
 	}

@@ -12,10 +12,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/examples/workerpool/operator"
@@ -327,6 +330,81 @@ func TestIntentAfterTheEndIsRefused(t *testing.T) {
 		c, u, ledger := totals(t, ns, "pool")
 		return c == 1 && u == 3 && ledger == 0
 	}, 30*time.Second, 50*time.Millisecond, "totals of the pool")
+}
+
+// blockStatusWrites makes the API server refuse every write to the status
+// of the WorkerPools of ns, as a policy or an outage of the path would, until
+// the returned function is called.
+func blockStatusWrites(t *testing.T, ns string) (unblock func()) {
+	t.Helper()
+	ctx := context.Background()
+	name := "block-status-" + ns
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{operator.GVK.Group}, APIVersions: []string{"*"},
+						Resources: []string{"workerpools/status"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "status writes blocked by the test"}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: ns},
+			}},
+		},
+	}
+	require.NoError(t, env.Client.Create(ctx, policy))
+	require.NoError(t, env.Client.Create(ctx, binding))
+	// The API server picks policies up asynchronously.
+	require.Eventually(t, func() bool {
+		pool := operator.Pool(ns, "probe-"+ns, 0)
+		if err := env.Client.Create(ctx, pool); err != nil && !apierrors.IsAlreadyExists(err) {
+			return false
+		}
+		patch := client.RawPatch(types.MergePatchType, []byte(`{"status":{"active":0}}`))
+		err := env.Client.Status().Patch(ctx, pool, patch)
+		return err != nil && strings.Contains(err.Error(), "status writes blocked by the test")
+	}, 30*time.Second, 100*time.Millisecond, "the policy never took effect")
+	unblock = func() {
+		_ = env.Client.Delete(context.Background(), binding)
+		_ = env.Client.Delete(context.Background(), policy)
+	}
+	t.Cleanup(unblock)
+	return unblock
+}
+
+// TestAwayLongerThanTheGrace: the aggregator is away for three times
+// --tracking-grace while 50 tracked pods are deleted; when it comes back,
+// its status writes are refused for a few seconds more. Every pod is
+// counted: the grace runs only while the aggregator could record the pods.
+func TestAwayLongerThanTheGrace(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	startWebhook(t, ns, withTotals)
+	const grace = 8 * time.Second
+	_, pods := createPool(t, ns, "pool", 50)
+	for _, p := range pods {
+		require.NoError(t, env.Client.Delete(ctx, p.DeepCopy()))
+	}
+	time.Sleep(3 * grace)
+	unblock := blockStatusWrites(t, ns)
+	startAggregator(t, "aggregator", withTotals, "", "--tracking-grace", grace.String())
+	time.Sleep(3 * time.Second)
+	unblock()
+	require.Eventually(t, func() bool {
+		c, u, ledger := totals(t, ns, "pool")
+		return c == 0 && u == 50 && ledger == 0 && len(withFinalizer(t, ns)) == 0
+	}, 60*time.Second, 100*time.Millisecond, "every pod deleted while the aggregator was away is counted")
 }
 
 // TestParentDeletedWithTrackedPods: a pool is deleted while its pods (some
