@@ -136,8 +136,11 @@ const UnobservedRequester = "system:tally:unobserved"
 // Decide applies the pod metadata contract to one request. It reads no
 // state but the owner checker's.
 //
-// A pod whose controller is not of a tracked kind is never refused: the
-// only change made to it is the removal of identity keys it must not carry.
+// A pod whose controller is not of a tracked kind is refused only an update
+// that would remove or change an intent admitted before (admittedBefore):
+// that holds whatever the owner, so an owner change cannot launder an
+// intent. The only changes made to such a pod are the removal of identity
+// keys it must not carry and of -at/-by stamps a client wrote.
 // An update sent from a stale copy of the pod (its resourceVersion is not
 // the stored one's) is allowed untouched, so that the API server answers it
 // with its usual conflict, which clients retry, rather than with a denial.
@@ -149,15 +152,30 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 		return Decision{}
 	}
 	owner, isTracked := trackedOwner(in.Pod, m.tracked)
+	admitted := m.admittedBefore(in)
 	if !isTracked {
-		if !carriesTallyKeys(in.Pod) {
+		if !carriesTallyKeys(in.Pod) && !admitted {
 			return Decision{}
+		}
+		// An intent admitted before stays whatever the owner now: the
+		// request may not remove or change it, nor its stamps. Any other
+		// stamp is a client's, and an untracked pod carries no identity.
+		if admitted {
+			if denied := checkIntent(in); denied != "" {
+				return Decision{Denied: denied}
+			}
 		}
 		var d Decision
 		p := patcher{in: in, d: &d}
 		p.label(keys.ParentUID, "", false)
 		p.label(keys.ParentName, "", false)
 		p.annotation(keys.Parent, "", false)
+		var at, by string
+		if admitted {
+			at, by, _ = intentStamp(in, true)
+		}
+		p.annotation(keys.CompletionIntentAt, at, admitted)
+		p.annotation(keys.CompletionIntentBy, by, admitted)
 		return d
 	}
 
@@ -188,7 +206,7 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	p.label(keys.ParentName, want.name, want.hasName)
 	p.annotation(keys.Parent, want.parent, want.hasParent)
 
-	at, by, hasIntentStamp := intentStamp(in)
+	at, by, hasIntentStamp := intentStamp(in, admitted)
 	p.annotation(keys.CompletionIntentAt, at, hasIntentStamp)
 	p.annotation(keys.CompletionIntentBy, by, hasIntentStamp)
 	if in.Operation == Create && isTracked && m.totals[owner.GroupKind] && (m.served == nil || m.served(owner.GroupKind)) {
@@ -281,33 +299,58 @@ func checkIntent(in Input) string {
 	return ""
 }
 
+// admittedBefore reports whether the stored pod carries an admitted intent:
+// one it carried while its controller was of a tracked kind (the webhook
+// admitted it then, or tally saw it there first), or one stamped with -at,
+// which only tally writes. Such an intent is sticky whatever the pod's
+// owner before or after the request.
+func (m *Mutator) admittedBefore(in Input) bool {
+	if in.Operation != Update || in.Old == nil {
+		return false
+	}
+	if _, had := in.Old.Annotations[keys.CompletionIntent]; !had {
+		return false
+	}
+	if _, stamped := in.Old.Annotations[keys.CompletionIntentAt]; stamped {
+		return true
+	}
+	_, tracked := trackedOwner(in.Old, m.tracked)
+	return tracked
+}
+
 // intentStamp returns the -at and -by values the pod must carry, and false
-// when it must carry neither.
-func intentStamp(in Input) (at, by string, ok bool) {
+// when it must carry neither. admitted says that the stored pod carries an
+// admitted intent (admittedBefore).
+func intentStamp(in Input, admitted bool) (at, by string, ok bool) {
 	if _, has := in.Pod.Annotations[keys.CompletionIntent]; !has {
 		return "", "", false
 	}
+	if admitted {
+		// Keep what was stamped then. An intent the webhook never saw is
+		// stamped now, as first seen, by no one observed.
+		at, hasAt := in.Old.Annotations[keys.CompletionIntentAt]
+		by, hasBy := in.Old.Annotations[keys.CompletionIntentBy]
+		if !hasAt {
+			at = in.Now.UTC().Format(time.RFC3339)
+		}
+		if !hasBy {
+			by = UnobservedRequester
+		}
+		return at, by, true
+	}
+	by = in.User
 	if in.Old != nil {
 		if _, had := in.Old.Annotations[keys.CompletionIntent]; had {
-			// Admitted before: keep what was stamped then. An intent the
-			// webhook never saw is stamped now, as first seen, by no one
-			// observed.
-			at, hasAt := in.Old.Annotations[keys.CompletionIntentAt]
-			by, hasBy := in.Old.Annotations[keys.CompletionIntentBy]
-			if !hasAt {
-				at = in.Now.UTC().Format(time.RFC3339)
-			}
-			if !hasBy {
-				by = UnobservedRequester
-			}
+			// Set while the pod was not tracked, and admitted now that it
+			// is: nobody was observed setting it.
+			by = UnobservedRequester
+		}
+	}
+	if at, ok := in.Pod.Annotations[keys.CompletionIntentAt]; ok && in.Pod.Annotations[keys.CompletionIntentBy] == by {
+		if t, err := time.Parse(time.RFC3339, at); err == nil && t.Location() == time.UTC &&
+			t.After(in.Now.Add(-intentClockSkew)) && t.Before(in.Now.Add(intentClockSkew)) {
 			return at, by, true
 		}
 	}
-	if at, ok := in.Pod.Annotations[keys.CompletionIntentAt]; ok && in.Pod.Annotations[keys.CompletionIntentBy] == in.User {
-		if t, err := time.Parse(time.RFC3339, at); err == nil && t.Location() == time.UTC &&
-			t.After(in.Now.Add(-intentClockSkew)) && t.Before(in.Now.Add(intentClockSkew)) {
-			return at, in.User, true
-		}
-	}
-	return in.Now.UTC().Format(time.RFC3339), in.User, true
+	return in.Now.UTC().Format(time.RFC3339), by, true
 }

@@ -215,9 +215,50 @@ func TestDecide(t *testing.T) {
 			wantDenied: `cannot be changed to "evicted"`,
 		},
 		{
-			name: "intent removal on an untracked pod is allowed: tally never blocks it",
-			op:   Update, old: withIntent(pod()), pod: pod(),
+			name: "removing an intent tally never admitted (the pod was never tracked) is allowed",
+			op:   Update, old: pod().Annotation(keys.CompletionIntent, "scale-down"), pod: pod(),
 			wantNoPatch: true,
+		},
+		{
+			name: "removing the controller does not lift an admitted intent",
+			op:   Update, old: withIntent(stamped()), pod: pod(),
+			wantDenied: `annotation tally.dev/completion-intent is sticky: it was set to "scale-down" and cannot be removed`,
+		},
+		{
+			name: "changing the controller to an untracked kind does not lift an admitted intent",
+			op:   Update, old: withIntent(stamped()), pod: pod().ControlledBy(jobGVK, "job", uid).Annotation(keys.CompletionIntent, "evicted"),
+			wantDenied: `cannot be changed to "evicted"`,
+		},
+		{
+			name: "an admitted intent stays sticky on a pod no longer tracked (its -at is tally's)",
+			op:   Update, old: withIntent(pod()), pod: pod(),
+			wantDenied: "is sticky",
+		},
+		{
+			name: "the stamps of an admitted intent are set back on a pod no longer tracked",
+			op:   Update, old: withIntent(stamped()), pod: pod().Annotation(keys.CompletionIntent, "scale-down").Annotation(keys.CompletionIntentBy, "mallory"),
+			wantLabels: map[string]string{},
+			wantAnn: map[string]string{keys.CompletionIntent: "scale-down",
+				keys.CompletionIntentAt: "2026-11-29T09:00:00Z", keys.CompletionIntentBy: "alice"},
+			wantWarn: []string{"annotation tally.dev/completion-intent-at restored", "annotation tally.dev/completion-intent-by set back"},
+		},
+		{
+			name: "stamps a client wrote on an untracked pod are removed",
+			op:   Create, pod: pod().OwnedBy(pool, "pool-a", uid).Annotation(keys.CompletionIntent, "scale-down").
+				Annotation(keys.CompletionIntentAt, "2001-01-01T00:00:00Z").Annotation(keys.CompletionIntentBy, "someone-else"),
+			wantLabels: map[string]string{},
+			wantAnn:    map[string]string{keys.CompletionIntent: "scale-down"},
+			wantWarn:   []string{"annotation tally.dev/completion-intent-at removed", "annotation tally.dev/completion-intent-by removed"},
+		},
+		{
+			name: "a pod that becomes tracked while carrying an intent has it admitted then, by no one observed",
+			op:   Update, old: pod().OwnedBy(pool, "pool-a", uid).Annotation(keys.CompletionIntent, "scale-down"),
+			pod: stamped().Annotation(keys.CompletionIntent, "scale-down").
+				Annotation(keys.CompletionIntentAt, "2001-01-01T00:00:00Z").Annotation(keys.CompletionIntentBy, "someone-else"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a", keys.CompletionIntent: "scale-down",
+				keys.CompletionIntentAt: stamp, keys.CompletionIntentBy: UnobservedRequester},
+			wantWarn: []string{"annotation tally.dev/completion-intent-at set back", "annotation tally.dev/completion-intent-by set back"},
 		},
 		{
 			name: "invalid reason token on an untracked pod is allowed untouched",

@@ -195,6 +195,13 @@ func TestMatchConditionsSkipOnlyNoOps(t *testing.T) {
 		{name: "an update that removes the identity is sent", in: Input{Operation: Update, Old: prestamped(pool), Pod: with(prestamped(pool), func(m *PodMeta) { delete(m.Labels, keys.ParentUID) })}, wantCalled: true},
 		{name: "two controllers are sent", in: Input{Operation: Create, Pod: with(prestamped(pool), func(m *PodMeta) { m.OwnerReferences = append(m.OwnerReferences, rc) })}, wantCalled: true},
 		{name: "a pod of an untracked kind with tally keys is sent", in: Input{Operation: Create, Pod: with(prestamped(controllerRef("apps/v1", "ReplicaSet", "rs", uid)), func(*PodMeta) {})}, wantCalled: true},
+		{name: "an update that removes the controller and every tally key of a marked pod is sent (and refused)",
+			in: Input{Operation: Update, Old: marked, Pod: &PodMeta{Labels: map[string]string{"app": "w"}}}, wantCalled: true},
+		{name: "an update that makes a pod carrying an unadmitted intent tracked is sent (its stamps are tally's to write)",
+			in: Input{Operation: Update,
+				Old: &PodMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: pool.APIVersion, Kind: pool.Kind, Name: pool.Name, UID: pool.UID}},
+					Annotations: map[string]string{keys.CompletionIntent: "scale-down"}},
+				Pod: with(marked, func(m *PodMeta) { m.Annotations[keys.CompletionIntentAt] = "2001-01-01T00:00:00Z" })}, wantCalled: true},
 		{name: "a version of the group with a '/' in it is another group: sent", in: Input{Operation: Create, Pod: prestamped(controllerRef("example.tally.dev/x/v1", "WorkerPool", "pool-a", uid))}, wantCalled: true},
 	}
 	for _, tc := range cases {
@@ -291,7 +298,7 @@ func randomRequest(rng *rand.Rand) Input {
 	}
 	perturb := func(m *PodMeta) {
 		for range rng.IntN(3) {
-			switch rng.IntN(12) {
+			switch rng.IntN(15) {
 			case 0:
 				m.Labels[keys.ParentUID] = pick("forged", "", string(uid), "uid-b")
 			case 1:
@@ -313,9 +320,18 @@ func randomRequest(rng *rand.Rand) Input {
 			case 9:
 				m.OwnerReferences = append(m.OwnerReferences, refs[rng.IntN(len(refs))])
 			case 10:
-				m.OwnerReferences[0].Controller = pick2(rng, ptr.To(false), nil)
+				if len(m.OwnerReferences) > 0 {
+					m.OwnerReferences[0].Controller = pick2(rng, ptr.To(false), nil)
+				}
 			case 11:
 				m.Labels["tally.dev/other"] = "x"
+			case 12:
+				m.OwnerReferences = nil
+			case 13:
+				delete(m.Annotations, keys.CompletionIntent)
+			case 14:
+				delete(m.Annotations, keys.CompletionIntentAt)
+				delete(m.Annotations, keys.CompletionIntentBy)
 			}
 		}
 	}

@@ -664,3 +664,89 @@ func TestReinvocationAfterAnotherWebhookIsSkipped(t *testing.T) {
 	assert.Equal(t, string(uid), pod.Labels[keys.ParentUID])
 	assert.Equal(t, 1.0, admissions(t)-before, "tally was called again after the sidecar injector changed the pod")
 }
+
+// TestOwnerChangeCannotLaunderAnIntent: through the real API server, with
+// the chart's match conditions in front of the webhook, an owner change
+// neither drops an admitted intent nor keeps stamps a client forged.
+func TestOwnerChangeCannotLaunderAnIntent(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	stored := func(name string) *corev1.Pod {
+		pod := &corev1.Pod{}
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pod))
+		return pod
+	}
+	withoutTallyKeys := func(m map[string]string) map[string]string {
+		out := map[string]string{}
+		for k, v := range m {
+			if !strings.HasPrefix(k, keys.Prefix) {
+				out[k] = v
+			}
+		}
+		return out
+	}
+
+	t.Run("dropping an admitted intent", func(t *testing.T) {
+		pod := builder.Pod(ns, "marked").ControlledBy(operator.GVK, "pool-a", uid).Build()
+		require.NoError(t, env.Client.Create(ctx, pod))
+		require.NoError(t, intent.MarkForCompletion(ctx, env.Client, pod, "scale-down"))
+		admitted := stored("marked").Annotations
+
+		// In one update: no controller, no tally key.
+		bare := stored("marked")
+		bare.OwnerReferences = nil
+		bare.Labels, bare.Annotations = withoutTallyKeys(bare.Labels), withoutTallyKeys(bare.Annotations)
+		err := env.Client.Update(ctx, bare)
+		require.Error(t, err, "the intent was dropped with the controller")
+		assert.True(t, apierrors.IsForbidden(err), "%v", err)
+		assert.ErrorContains(t, err, "is sticky")
+
+		// In two: the controller first (allowed: the intent stays), then
+		// the intent.
+		orphan := stored("marked")
+		orphan.OwnerReferences = nil
+		require.NoError(t, env.Client.Update(ctx, orphan))
+		orphan = stored("marked")
+		delete(orphan.Annotations, keys.CompletionIntent)
+		err = env.Client.Update(ctx, orphan)
+		require.Error(t, err, "the intent was dropped once the controller was gone")
+		assert.ErrorContains(t, err, "is sticky")
+
+		// The controller back, with identity keys the client writes: the
+		// intent and the webhook's stamps are as admitted.
+		back := stored("marked")
+		back.OwnerReferences = builder.Pod(ns, "marked").ControlledBy(operator.GVK, "pool-a", uid).Build().OwnerReferences
+		back.Labels = map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"}
+		back.Annotations[keys.Parent] = parentOf("pool-a")
+		require.NoError(t, env.Client.Update(ctx, back))
+		got := stored("marked").Annotations
+		for _, k := range []string{keys.CompletionIntent, keys.CompletionIntentAt, keys.CompletionIntentBy} {
+			assert.Equal(t, admitted[k], got[k], k)
+		}
+	})
+
+	t.Run("forging the stamps", func(t *testing.T) {
+		before := time.Now().Add(-time.Second).UTC().Truncate(time.Second)
+		pod := builder.Pod(ns, "forged-stamps").OwnedBy(operator.GVK, "pool-a", uid).
+			Annotation(keys.CompletionIntent, "scale-down").
+			Annotation(keys.CompletionIntentAt, "2001-01-01T00:00:00Z").Annotation(keys.CompletionIntentBy, "someone-else").Build()
+		require.NoError(t, env.Client.Create(ctx, pod))
+		got := stored("forged-stamps").Annotations
+		assert.NotContains(t, got, keys.CompletionIntentAt, "a stamp a client wrote on an untracked pod is kept")
+		assert.NotContains(t, got, keys.CompletionIntentBy, "a stamp a client wrote on an untracked pod is kept")
+
+		tracked := stored("forged-stamps")
+		tracked.OwnerReferences[0].Controller = ptr.To(true)
+		tracked.Labels = map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"}
+		tracked.Annotations[keys.Parent] = parentOf("pool-a")
+		tracked.Annotations[keys.CompletionIntentAt] = "2001-01-01T00:00:00Z"
+		tracked.Annotations[keys.CompletionIntentBy] = "someone-else"
+		require.NoError(t, env.Client.Update(ctx, tracked))
+		got = stored("forged-stamps").Annotations
+		at, err := time.Parse(time.RFC3339, got[keys.CompletionIntentAt])
+		require.NoError(t, err)
+		assert.False(t, at.Before(before), "the forged -at stayed: %s", got[keys.CompletionIntentAt])
+		assert.Equal(t, mutate.UnobservedRequester, got[keys.CompletionIntentBy], "the intent was set while the pod was not tracked: nobody was observed setting it")
+	})
+}
