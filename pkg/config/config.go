@@ -219,6 +219,11 @@ var (
 	fieldSegment = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
+// replicaSets is the kind refused as a parent: tally's own pods are a
+// ReplicaSet's (its Deployments'), and a webhook with failurePolicy Fail
+// that must admit its own replacement pods cannot come back from an outage.
+var replicaSets = schema.GroupKind{Group: "apps", Kind: "ReplicaSet"}
+
 func (c *Config) validate() error {
 	if len(c.Parents) == 0 {
 		return errors.New("parents: at least one parent kind is required")
@@ -243,6 +248,9 @@ func (c *Config) validate() error {
 		}
 		if p.Resource != "" && !dnsLabel.MatchString(p.Resource) {
 			errs = append(errs, fmt.Errorf("%s.resource: %q is not a valid resource name", at, p.Resource))
+		}
+		if p.GroupKind() == replicaSets {
+			errs = append(errs, fmt.Errorf("%s: apps/ReplicaSet cannot be a parent kind: it controls tally's own pods, which the webhook would then have to admit before it runs", at))
 		}
 		if j, dup := seen[p.GroupKind()]; dup && p.Kind != "" {
 			errs = append(errs, fmt.Errorf("%s: kind %s is already configured at parents[%d]", at, p.GroupKind(), j))

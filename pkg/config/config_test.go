@@ -109,6 +109,10 @@ func TestParseInvalid(t *testing.T) {
 			doc:     "parents: [{kind: A}]\n",
 			wantErr: "parents[0].version: required",
 		},
+		"ReplicaSet: tally's own pods": {
+			doc:     "parents: [{group: apps, version: v1, kind: ReplicaSet}]\n",
+			wantErr: "parents[0]: apps/ReplicaSet cannot be a parent kind: it controls tally's own pods",
+		},
 		"bad group": {
 			doc:     "parents: [{group: Example_Group, version: v1, kind: A}]\n",
 			wantErr: `parents[0].group: "Example_Group" is not a valid API group`,
