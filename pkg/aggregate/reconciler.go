@@ -138,8 +138,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	counted.set(key, counts)
 	if r.ledger == nil {
-		// Pods carrying the finalizer although the kind keeps no totals are
-		// released after the counts.
+		// A kind that keeps no totals (any more): the history the counts'
+		// manager holds is handed over before the counts' apply would
+		// remove it. Pods carrying the finalizer although the kind keeps
+		// no totals are released after the counts.
+		if r.countsHoldHistory(parent) {
+			if result, err := r.applyTotals(ctx, parent, nil); err != nil || result.RequeueAfter > 0 {
+				return result, err
+			}
+		}
 		return r.applyCounts(ctx, parent, counts, r.untracked(pods))
 	}
 	return r.reconcileTotals(ctx, parent, pods, counts)

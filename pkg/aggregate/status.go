@@ -2,7 +2,6 @@ package aggregate
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -36,66 +35,25 @@ func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstr
 	return reconcile.Result{}, nil
 }
 
-// applyTotals writes the totals and the ledger of book under
-// TotalsFieldManager. present writes only those the parent shows already:
-// it moves them from the counts' manager, values unchanged, for a kind whose
-// totals cannot be written.
-func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstructured, book *Book, present bool) (reconcile.Result, error) {
-	values := make(map[string]any, len(r.totals)+1)
-	for _, f := range r.totals {
-		values[strings.Join(f.Path, ".")] = book.Get(f.Count)
+// applyTotals writes, under TotalsFieldManager, the totals and the ledger
+// of book, with the history that apply must keep (Reconciler.history): the
+// other fields that manager owns, and those the counts' manager hands over.
+// A nil book writes no new value: it hands the history over, values
+// unchanged, before an apply of the counts would remove it.
+func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstructured, book *Book) (reconcile.Result, error) {
+	values, _ := r.history(parent, book != nil)
+	if book != nil {
+		for _, f := range r.totals {
+			values[strings.Join(f.Path, ".")] = book.Get(f.Count)
+		}
+		// The whole ledger, changed or not: an apply that leaves out a
+		// field its manager owns removes it.
+		values[strings.Join(r.ledger, ".")] = book.LedgerValue()
 	}
-	// The whole ledger, changed or not: an apply that leaves out a field
-	// its manager owns removes it.
-	values[strings.Join(r.ledger, ".")] = book.LedgerValue()
-	if present {
-		for path := range values {
-			if _, found, _ := unstructured.NestedFieldNoCopy(parent.Object, strings.Split(path, ".")...); !found {
-				delete(values, path)
-			}
-		}
-		if len(values) == 0 {
-			return reconcile.Result{}, nil
-		}
+	if len(values) == 0 {
+		return reconcile.Result{}, nil
 	}
 	return r.apply(ctx, parent, values, TotalsFieldManager)
-}
-
-// countsOwnTotals reports whether FieldManager owns the totals or the
-// ledger of parent: an installation of the layout that applied them with
-// the counts.
-func (r *Reconciler) countsOwnTotals(parent *unstructured.Unstructured) bool {
-	paths := [][]string{r.ledger}
-	for _, f := range r.totals {
-		paths = append(paths, f.Path)
-	}
-	for _, mf := range parent.GetManagedFields() {
-		if mf.Manager != FieldManager || mf.Subresource != "status" || mf.FieldsV1 == nil {
-			continue
-		}
-		var set map[string]any
-		if json.Unmarshal(mf.FieldsV1.GetRawBytes(), &set) != nil {
-			continue
-		}
-		for _, path := range paths {
-			if ownsPath(set, path) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// ownsPath reports whether a managed fields set (FieldsV1) holds path.
-func ownsPath(set map[string]any, path []string) bool {
-	for _, seg := range path {
-		next, ok := set["f:"+seg].(map[string]any)
-		if !ok {
-			return false
-		}
-		set = next
-	}
-	return true
 }
 
 // differs reports whether any mapped field of parent does not hold its

@@ -26,9 +26,10 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 	// The counts first: they do not wait for the pods read below. The
 	// counts' apply leaves out the totals and the ledger, which would
 	// remove them while the counts' manager still owns them (an
-	// installation of the single-manager layout): they are moved first.
-	if r.countsOwnTotals(parent) {
-		if result, err := r.applyTotals(ctx, parent, &book, true); err != nil || result.RequeueAfter > 0 {
+	// installation of the single-manager layout): they are handed over
+	// first.
+	if r.countsHoldHistory(parent) {
+		if result, err := r.applyTotals(ctx, parent, nil); err != nil || result.RequeueAfter > 0 {
 			return result, err
 		}
 	}
@@ -45,6 +46,13 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 		}
 		return reconcile.Result{RequeueAfter: after}, nil
 	}
+	// A ledger renamed: its UIDs move into the one mapped now, and the old
+	// one goes in the same apply.
+	_, old := r.history(parent, true)
+	if err := mergeLedgers(parent.Object, &book, old); err != nil {
+		r.reportLedger(parent, err)
+		return reconcile.Result{}, fmt.Errorf("reading an earlier ledger of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
+	}
 	step, released, err := r.decide(ctx, parent, pods, book)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -52,8 +60,8 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 	if wait := foldWait(&book, &step, released, time.Now()); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
-	if !step.Book.Equal(&book) {
-		if result, err := r.applyTotals(ctx, parent, &step.Book, false); err != nil || result.RequeueAfter > 0 {
+	if len(old) > 0 || !step.Book.Equal(&book) {
+		if result, err := r.applyTotals(ctx, parent, &step.Book); err != nil || result.RequeueAfter > 0 {
 			// The ledger holding the pods to release is not written.
 			return result, err
 		}

@@ -59,6 +59,9 @@ var (
 	withTotals    = repo.Path("examples", "workerpool", "config.yaml")
 	withoutTotals string
 	kindRemoved   string
+	// Configuration changes: one total unmapped, one renamed, the ledger
+	// renamed.
+	oneTotal, renamedTotal, renamedLedger string
 )
 
 func TestMain(m *testing.M) {
@@ -70,6 +73,9 @@ func TestMain(m *testing.M) {
 	}
 	withoutTotals = filepath.Join(dir, "without-totals.yaml")
 	kindRemoved = filepath.Join(dir, "kind-removed.yaml")
+	oneTotal = filepath.Join(dir, "one-total.yaml")
+	renamedTotal = filepath.Join(dir, "renamed-total.yaml")
+	renamedLedger = filepath.Join(dir, "renamed-ledger.yaml")
 	bin = filepath.Join(dir, "bin")
 	code := framework.Main(m, controlplane.Options{}, &env, func(e *framework.Env) error {
 		if err := framework.BuildBinaries(bin, "webhook", "aggregator"); err != nil {
@@ -78,6 +84,9 @@ func TestMain(m *testing.M) {
 		files := map[string]string{
 			withoutTotals: "parents:\n  - {group: example.tally.dev, version: v1, kind: WorkerPool, counts: {completing: status.completing, active: status.active}}\n",
 			kindRemoved:   "parents:\n  - {group: \"\", version: v1, kind: ReplicationController}\n",
+			oneTotal:      poolConfig("completedTotal: status.completedTotal", "status.tallyLedger"),
+			renamedTotal:  poolConfig("completedTotal: status.completedTotal, unexpectedTotal: status.crashTotal", "status.tallyLedger"),
+			renamedLedger: poolConfig("completedTotal: status.completedTotal, unexpectedTotal: status.unexpectedTotal", "status.ledgerV2"),
 		}
 		for path, data := range files {
 			if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
@@ -112,6 +121,12 @@ func TestMain(m *testing.M) {
 	})
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// poolConfig is a configuration of the WorkerPool kind with every count
+// and the given totals (YAML flow mappings) and ledger.
+func poolConfig(totals, ledger string) string {
+	return fmt.Sprintf("parents:\n  - {group: example.tally.dev, version: v1, kind: WorkerPool, ledger: %s, counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected, %s}}\n", ledger, totals)
 }
 
 // namespace creates a namespace that only this test's webhook registration

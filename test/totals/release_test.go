@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -319,4 +320,129 @@ func TestHistorySurvivesUpgradeRollbackAndOptOut(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the counts go on after the opt-out")
 	c, u, _ = totals(t, ns, "pool")
 	assert.Equal(t, [2]int64{5, 8}, [2]int64{c, u}, "an opted-out kind keeps its last totals")
+}
+
+// TestConfigChangesKeepHistory: with totals recorded, one total is
+// unmapped, then renamed, then the ledger is renamed while it holds a UID
+// not yet folded, then the example's configuration comes back; and a pool
+// of the single-manager layout meets an opt-out. No change erases a total
+// or a ledger's UID, and no total ever goes down.
+func TestConfigChangesKeepHistory(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	updateCRD(t, "workerpools.example.tally.dev", func(v *apiextensionsv1.CustomResourceDefinitionVersion) {
+		status := v.Schema.OpenAPIV3Schema.Properties["status"]
+		status.Properties["crashTotal"] = apiextensionsv1.JSONSchemaProps{Type: "integer", Format: "int64"}
+		status.Properties["ledgerV2"] = status.Properties["tallyLedger"]
+		v.Schema.OpenAPIV3Schema.Properties["status"] = status
+	})
+	startWebhook(t, ns, withTotals)
+	seen := watchPools(t, ns)
+	_, pods := createPool(t, ns, "pool", 12)
+	createPool(t, ns, "legacy", 0)
+
+	status := func(field string) (int64, bool) {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(operator.GVK)
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, u))
+		v, found, _ := unstructured.NestedFieldNoCopy(u.Object, "status", field)
+		n, _ := v.(int64)
+		return n, found
+	}
+	// unfolded counts the UIDs in either ledger of the pool.
+	unfolded := func() int {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(operator.GVK)
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, u))
+		n := 0
+		for _, ledger := range []string{"tallyLedger", "ledgerV2"} {
+			for _, list := range []string{"completed", "unexpected"} {
+				l, _, _ := unstructured.NestedStringSlice(u.Object, "status", ledger, list)
+				n += len(l)
+			}
+		}
+		return n
+	}
+	next := 0
+	// phase runs an aggregator with cfg while one pod fails and one
+	// completes as asked, then waits for want (status fields of the pool)
+	// with nothing left in its ledgers.
+	var agg *aggregator
+	phase := func(name, cfg string, want map[string]int64) {
+		t.Helper()
+		if agg != nil {
+			agg.kill()
+		}
+		agg = startAggregator(t, name, cfg, "")
+		require.NoError(t, finish(ctx, pods[next], failed, false))
+		require.NoError(t, finish(ctx, pods[next+1], succeeded, true))
+		next += 2
+		shows := func() map[string]int64 {
+			got := map[string]int64{}
+			for field := range want {
+				got[field], _ = status(field)
+			}
+			return got
+		}
+		if !assert.Eventually(t, func() bool {
+			return maps.Equal(shows(), want) && unfolded() == 0
+		}, 30*time.Second, 100*time.Millisecond) {
+			require.FailNow(t, fmt.Sprintf("%s: the pool shows %v with %d UIDs in its ledgers, want %v with empty ledgers",
+				name, shows(), unfolded(), want))
+		}
+	}
+
+	phase("totals", withTotals, map[string]int64{"completedTotal": 1, "unexpectedTotal": 1})
+	// Unmapped: unexpectedTotal keeps its value; the failed pod of this
+	// phase is in no total that is mapped.
+	phase("one-total", oneTotal, map[string]int64{"completedTotal": 2, "unexpectedTotal": 1})
+	// Renamed: the old field keeps its value, the new one starts at zero.
+	phase("renamed-total", renamedTotal, map[string]int64{"completedTotal": 3, "unexpectedTotal": 1, "crashTotal": 1})
+
+	// A UID recorded in the ledger and released, not yet folded, when the
+	// ledger is renamed: it moves to the new ledger and is folded there.
+	agg.kill()
+	agg = nil
+	applyStatus(t, ns, "pool", aggregate.TotalsFieldManager, map[string]any{
+		"completedTotal": int64(3), "unexpectedTotal": int64(1), "crashTotal": int64(1),
+		"tallyLedger": map[string]any{"completed": []any{}, "unexpected": []any{"00000000-0000-4000-8000-00000000dead"}},
+	})
+	phase("renamed-ledger", renamedLedger, map[string]int64{"completedTotal": 4, "unexpectedTotal": 3, "crashTotal": 1})
+	_, oldLedger := status("tallyLedger")
+	assert.False(t, oldLedger, "the renamed ledger stays beside the new one")
+
+	phase("reverted", withTotals, map[string]int64{"completedTotal": 5, "unexpectedTotal": 4, "crashTotal": 1})
+
+	// Opted out while a pool still has the single-manager layout (an
+	// upgrade and an opt-out at once): its history is handed over, not
+	// erased.
+	agg.kill()
+	// active is wrong, so the counts' apply that would remove the totals
+	// does happen.
+	applyStatus(t, ns, "legacy", aggregate.FieldManager, map[string]any{
+		"completing": int64(0), "completed": int64(0), "active": int64(3), "unexpected": int64(0),
+		"completedTotal": int64(5), "unexpectedTotal": int64(7),
+		"tallyLedger": map[string]any{"completed": []any{}, "unexpected": []any{}},
+	})
+	agg = startAggregator(t, "opted-out", withoutTotals, "")
+	require.Eventually(t, func() bool {
+		active, err := env.StatusCount(ctx, operator.GVK, ns, "legacy", "status", "active")
+		return err == nil && active == 0
+	}, 30*time.Second, 100*time.Millisecond, "the legacy pool's counts are not written")
+	owned := managers(t, ns, "legacy")
+	assert.NotContains(t, owned[aggregate.FieldManager], "Total", "the counts' manager still holds the legacy pool's totals")
+	assert.Contains(t, owned[aggregate.TotalsFieldManager], "f:unexpectedTotal")
+	c, u, _ := totals(t, ns, "legacy")
+	assert.Equal(t, [2]int64{5, 7}, [2]int64{c, u}, "an opt-out erased the single-manager layout's totals")
+	c, u, _ = totals(t, ns, "pool")
+	assert.Equal(t, [2]int64{5, 4}, [2]int64{c, u}, "an opt-out erased the totals")
+
+	for _, pool := range []string{"pool", "legacy"} {
+		var last [2]int64
+		for _, s := range seen.of(pool) {
+			assert.GreaterOrEqual(t, s[0], last[0], "completedTotal of %s went down: %v", pool, seen.of(pool))
+			assert.GreaterOrEqual(t, s[1], last[1], "unexpectedTotal of %s went down: %v", pool, seen.of(pool))
+			last = s
+		}
+	}
 }
