@@ -97,14 +97,17 @@ func createParent(t *testing.T, gvk schema.GroupVersionKind, ns, name string, n 
 	return parent.GetUID(), pods
 }
 
-// track adds the tracking finalizer to pods, as a webhook of a release that
-// did not check the kind would have.
-func track(t *testing.T, pods []*corev1.Pod) {
+// tracked creates n more pods of the parent of kind gvk named name, with
+// the tracking finalizer from their CREATE, as a webhook of a release that
+// did not check the kind would have given it.
+func tracked(t *testing.T, gvk schema.GroupVersionKind, ns, name string, uid types.UID, n int) []*corev1.Pod {
 	t.Helper()
-	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+keys.TrackingFinalizer+`"]}}`))
-	for _, p := range pods {
-		require.NoError(t, env.Client.Patch(context.Background(), p.DeepCopy(), patch))
+	pods := make([]*corev1.Pod, n)
+	for i := range pods {
+		pods[i] = builder.Pod(ns, fmt.Sprintf("%s-tracked-%d", name, i)).ControlledBy(gvk, name, uid).Finalizer(keys.TrackingFinalizer).Build()
+		require.NoError(t, env.Client.Create(context.Background(), pods[i]))
 	}
+	return pods
 }
 
 // goneWithin deletes pods and waits until none is left in the API; it
@@ -161,8 +164,8 @@ func TestUnservableKindsStrandNoPod(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the webhook never tracked a servable kind")
 
 	_, pools := createParent(t, operator.GVK, ns, "pool", 6)
-	_, noStatus := createParent(t, gvk("NoStatus"), ns, "no-status", 4)
-	_, noLedger := createParent(t, gvk("NoLedger"), ns, "no-ledger", 4)
+	noStatusUID, noStatus := createParent(t, gvk("NoStatus"), ns, "no-status", 4)
+	noLedgerUID, noLedger := createParent(t, gvk("NoLedger"), ns, "no-ledger", 4)
 	_, loses := createParent(t, gvk("LosesLedger"), ns, "loses", 4)
 	for _, p := range append(append([]*corev1.Pod{}, noStatus...), noLedger...) {
 		assert.Empty(t, p.Finalizers, "the webhook gives no finalizer to a pod of a kind that cannot keep totals: %s", p.Name)
@@ -173,11 +176,11 @@ func TestUnservableKindsStrandNoPod(t *testing.T) {
 
 	// Pods of the unservable kinds that carry the finalizer anyway lose it
 	// without being deleted.
-	track(t, noStatus[:2])
-	track(t, noLedger[:2])
+	noStatus = append(noStatus, tracked(t, gvk("NoStatus"), ns, "no-status", noStatusUID, 2)...)
+	noLedger = append(noLedger, tracked(t, gvk("NoLedger"), ns, "no-ledger", noLedgerUID, 2)...)
 	require.Eventually(t, func() bool {
 		held := withFinalizer(t, ns)
-		for _, p := range append(noStatus[:2], noLedger[:2]...) {
+		for _, p := range append(noStatus[4:], noLedger[4:]...) {
 			if contains(held, p.Name) {
 				return false
 			}

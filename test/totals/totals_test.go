@@ -407,6 +407,32 @@ func TestAwayLongerThanTheGrace(t *testing.T) {
 	}, 60*time.Second, 100*time.Millisecond, "every pod deleted while the aggregator was away is counted")
 }
 
+// TestTrackingFinalizerCannotComeBack: a pod recorded and released cannot
+// be given the tracking finalizer back by an ordinary UPDATE (it would be
+// recorded a second time): the chart's policy refuses it.
+func TestTrackingFinalizerCannotComeBack(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	startWebhook(t, ns, withTotals)
+	startAggregator(t, "aggregator", withTotals, "")
+	_, pods := createPool(t, ns, "pool", 1)
+	require.NoError(t, finish(ctx, pods[0], failed, false))
+	released := &corev1.Pod{}
+	require.Eventually(t, func() bool {
+		_, u, ledger := totals(t, ns, "pool")
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pods[0]), released))
+		return u == 1 && ledger == 0 && !slices.Contains(released.Finalizers, keys.TrackingFinalizer)
+	}, 30*time.Second, 50*time.Millisecond, "the pod is recorded and released")
+
+	released.Finalizers = append(released.Finalizers, keys.TrackingFinalizer)
+	err := env.Client.Update(ctx, released)
+	require.Error(t, err, "the finalizer was put back on a pod already recorded")
+	assert.ErrorContains(t, err, "the finalizer tally.dev/tracking is added only by tally")
+	time.Sleep(2 * time.Second)
+	_, u, _ := totals(t, ns, "pool")
+	assert.Equal(t, int64(1), u)
+}
+
 // TestParentDeletedWithTrackedPods: a pool is deleted while its pods (some
 // running, some finished and recorded) carry the finalizer. The garbage
 // collector does not run here, so the test deletes the pods as it would:
