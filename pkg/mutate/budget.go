@@ -1,6 +1,7 @@
 package mutate
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -13,11 +14,16 @@ import (
 // that the API server's ordinary reviews are never stuck behind other
 // clients' large or slow bodies:
 //
-//   - A body reserves its whole announced length (Content-Length), once,
-//     before its first byte is read, from the share of its size class. A body
-//     of unknown length reserves the largest body allowed. No request ever
-//     waits while it holds part of a reservation, so waiters cannot hold
-//     each other up: the budget cannot deadlock.
+//   - A body reserves, once, before its first byte is read, from the share
+//     of its size class, the memory of the buffer it will be read into: its
+//     whole announced length (Content-Length) for a medium or large body,
+//     read into a buffer of that size and then let go; the class's largest
+//     body for a small one, read into a buffer of exactly that size that
+//     small bodies reuse. So the buffers requests hold never exceed what
+//     they reserved, whatever the order of requests. A body of unknown
+//     length reserves the largest body allowed. No request ever waits while
+//     it holds part of a reservation, so waiters cannot hold each other up:
+//     the budget cannot deadlock.
 //   - A wait is bounded by MemoryWait, far shorter than any timeout the API
 //     server can be given for the webhook; a request that cannot have its
 //     memory by then is refused at once (HTTP 503, the API server applies the
@@ -47,9 +53,9 @@ const (
 const BodyBudget = smallShare + mediumShare + largeShare
 
 const (
-	smallShare  = MaxConnections * SmallBody // 16 MiB
-	mediumShare = 16 * MediumBody            // 16 MiB
-	largeShare  = 32 << 20                   // five bodies of MaxBodyBytes
+	smallShare  = MaxConnections * smallBuffer // 16 MiB and 128 KiB
+	mediumShare = 16 * MediumBody              // 16 MiB
+	largeShare  = 32 << 20                     // five bodies of MaxBodyBytes
 )
 
 // budget is the memory of bodies in flight, by class.
@@ -88,7 +94,38 @@ func newShare(name string, max, size int64) *share {
 // longer needed.
 type reservation struct {
 	share *share
-	bytes int64
+	// bytes is what the share holds for it; limit is the most the body may
+	// bring.
+	bytes, limit int64
+}
+
+// smallBuffer is the capacity of the buffers small bodies are read into:
+// the largest small body, and what reading it needs beyond (a final read
+// of bytes.MinRead that finds the end).
+const smallBuffer = SmallBody + bytes.MinRead
+
+// smallBufs holds the buffers of small bodies, each of exactly smallBuffer
+// bytes, so that a buffer reused holds no more than a small body reserves.
+var smallBufs = sync.Pool{New: func() any { return bytes.NewBuffer(make([]byte, 0, smallBuffer)) }}
+
+// buffer returns the buffer to read the body into, empty: a reused one for
+// a small body (the zero reservation's too), a new one of the body's size
+// otherwise. Give it back with putBuffer.
+func (r reservation) buffer() *bytes.Buffer {
+	if r.limit <= SmallBody {
+		buf := smallBufs.Get().(*bytes.Buffer)
+		buf.Reset()
+		return buf
+	}
+	return bytes.NewBuffer(make([]byte, 0, r.limit+bytes.MinRead))
+}
+
+// putBuffer keeps buf for the next small body when it still has the
+// capacity small bodies reserve, and lets any other go.
+func putBuffer(buf *bytes.Buffer) {
+	if buf.Cap() == smallBuffer {
+		smallBufs.Put(buf)
+	}
 }
 
 // release gives the memory back. The zero reservation holds nothing.
@@ -100,31 +137,38 @@ func (r reservation) release() {
 	r.share.progressed()
 }
 
-// class returns the share for a body of announced bytes (-1: unknown) and
-// the bytes to reserve for it.
-func (b *budget) class(announced int64) (*share, int64) {
+// class returns the share for a body of announced bytes (-1: unknown), the
+// bytes to reserve for it (the buffer it will be read into), and the most
+// it may bring.
+func (b *budget) class(announced int64) (p *share, reserve, limit int64) {
 	if announced < 0 {
 		announced = MaxBodyBytes
 	}
-	for _, p := range b.classes {
+	if announced == 0 {
+		return nil, 0, 0
+	}
+	if small := b.classes[0]; announced <= small.max {
+		return small, smallBuffer, announced
+	}
+	for _, p := range b.classes[1:] {
 		if announced <= p.max {
-			return p, announced
+			return p, announced + bytes.MinRead, announced
 		}
 	}
-	return b.classes[len(b.classes)-1], announced
+	return b.classes[len(b.classes)-1], announced + bytes.MinRead, announced
 }
 
 // reserve reserves the memory for a body of announced bytes (-1: unknown),
 // waiting at most b.wait. It returns how long it waited. A refusal's error
 // says how much was asked and what the class holds.
 func (b *budget) reserve(ctx context.Context, announced int64, now func() time.Time) (reservation, time.Duration, error) {
-	p, n := b.class(announced)
-	if n == 0 {
+	p, n, limit := b.class(announced)
+	if p == nil {
 		return reservation{}, 0, nil
 	}
 	if p.sem.TryAcquire(n) {
 		p.progressed()
-		return reservation{share: p, bytes: n}, 0, nil
+		return reservation{share: p, bytes: n, limit: limit}, 0, nil
 	}
 	start := now()
 	wctx, cancel := context.WithTimeout(ctx, b.wait)
@@ -139,10 +183,10 @@ func (b *budget) reserve(ctx context.Context, announced int64, now func() time.T
 		p.refused(start)
 		memoryRefused.WithLabelValues(p.name).Inc()
 		return reservation{}, waited, fmt.Errorf("no memory for a body of %d bytes within %s: the %s bodies' share of %d bytes is held by other requests; try again",
-			n, b.wait, p.name, p.size)
+			limit, b.wait, p.name, p.size)
 	}
 	p.progressed()
-	return reservation{share: p, bytes: n}, waited, nil
+	return reservation{share: p, bytes: n, limit: limit}, waited, nil
 }
 
 func (p *share) progressed() {

@@ -1,8 +1,11 @@
 package mutate
 
 import (
+	"bytes"
 	"context"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,7 +113,8 @@ func TestBudgetNeverWaitsHoldingMemory(t *testing.T) {
 	res, waited, err := b.reserve(context.Background(), -1, time.Now)
 	require.NoError(t, err, "a body of unknown length once the holders are gone")
 	assert.Zero(t, waited)
-	assert.Equal(t, int64(MaxBodyBytes), res.bytes)
+	assert.Equal(t, int64(MaxBodyBytes), res.limit)
+	assert.Equal(t, int64(MaxBodyBytes+bytes.MinRead), res.bytes, "the buffer it is read into")
 	res.release()
 }
 
@@ -146,4 +150,38 @@ func canceled() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	return ctx
+}
+
+// TestBuffersStayWithinTheirReservation: whatever the order of body sizes,
+// the buffer each body is read into holds no more than the body reserved,
+// reused buffers included (a medium body's buffer is never handed to a
+// small body).
+func TestBuffersStayWithinTheirReservation(t *testing.T) {
+	b := newBudget(time.Second)
+	rng := rand.New(rand.NewPCG(40, 1))
+	for i := range 400 {
+		var size int64
+		switch rng.IntN(3) {
+		case 0:
+			size = 1 + rng.Int64N(SmallBody)
+		case 1:
+			size = SmallBody + 1 + rng.Int64N(MediumBody-SmallBody)
+		default:
+			size = MediumBody + 1 + rng.Int64N(MaxBodyBytes-MediumBody)
+		}
+		announced := size
+		if rng.IntN(10) == 0 {
+			announced = -1 // of unknown length
+		}
+		res, _, err := b.reserve(context.Background(), announced, time.Now)
+		require.NoError(t, err)
+		buf := res.buffer()
+		r := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(make([]byte, size)))
+		r.ContentLength = announced
+		require.NoError(t, readBody(r, buf, res.limit))
+		require.Equal(t, int(size), buf.Len())
+		require.LessOrEqual(t, int64(buf.Cap()), res.bytes, "request %d: a body of %d bytes (announced %d) held a buffer of %d bytes, reserved %d", i, size, announced, buf.Cap(), res.bytes)
+		putBuffer(buf)
+		res.release()
+	}
 }

@@ -142,25 +142,23 @@ type object struct {
 	} `json:"status"`
 }
 
-var bufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
 // ServeHTTP answers one AdmissionReview. Whatever the body, the answer is a
 // well-formed AdmissionReview whose message says what was wrong.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	buf := bufs.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer func() {
-		// Keep typical buffers; let a rare huge one go.
-		if buf.Cap() <= 1<<20 {
-			bufs.Put(buf)
-		}
-	}()
-
 	start := time.Now()
 	var rev review
 	var held reservation
-	resp, op := h.answer(w, r, buf, &rev, &held)
-	held.release()
+	var buf *bytes.Buffer
+	resp, op := func() (response, string) {
+		// Released even if answer panics (net/http recovers the handler's
+		// panics): a reservation lost would be memory lost for good.
+		defer func() { held.release() }()
+		return h.answer(w, r, &buf, &rev, &held)
+	}()
+	if buf == nil {
+		buf = reservation{}.buffer()
+	}
+	defer putBuffer(buf)
 	admissions.WithLabelValues(operationLabel(op), resp.result).Inc()
 	defer func() { admissionDuration.WithLabelValues(operationLabel(op)).Observe(time.Since(start).Seconds()) }()
 
@@ -189,7 +187,10 @@ func operationLabel(op string) string {
 	return "unknown"
 }
 
-func (h *Handler) answer(w http.ResponseWriter, r *http.Request, buf *bytes.Buffer, rev *review, held *reservation) (response, string) {
+// answer reads and decides one review. The body is read into *buf, a
+// buffer its reservation (*held) covers; it returns the response and the
+// operation.
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, bufp **bytes.Buffer, rev *review, held *reservation) (response, string) {
 	if err := h.checkRequest(r); err != nil {
 		h.log.Info("Rejecting unreadable admission request", "error", err.Error())
 		return errored("", err), ""
@@ -200,10 +201,12 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, buf *bytes.Buff
 		return unavailable(err.Error()), ""
 	}
 	*held = res
+	buf := res.buffer()
+	*bufp = buf
 	// Errors mean the server cannot set deadlines (tests): its own
 	// ReadTimeout still applies.
-	_ = http.NewResponseController(w).SetReadDeadline(h.now().Add(BodyDeadline(res.bytes)))
-	if err := readBody(r, buf, res.bytes); err != nil {
+	_ = http.NewResponseController(w).SetReadDeadline(h.now().Add(BodyDeadline(res.limit)))
+	if err := readBody(r, buf, res.limit); err != nil {
 		h.log.Info("Rejecting unreadable admission request", "remote", r.RemoteAddr, "error", err.Error())
 		return errored("", err), ""
 	}
@@ -290,17 +293,16 @@ func (h *Handler) checkRequest(r *http.Request) error {
 	return nil
 }
 
-// readBody reads the request's body, of at most limit bytes (its
-// reservation), into buf, grown once to hold it: a buffer left to grow by
-// doubling would hold up to twice what was reserved.
+// readBody reads the request's body, of at most limit bytes, into buf,
+// whose capacity its reservation covers.
 func readBody(r *http.Request, buf *bytes.Buffer, limit int64) error {
-	buf.Grow(int(limit) + bytes.MinRead)
+	// buf has room for limit and a final bytes.MinRead: ReadFrom does not
+	// grow it. (net/http ends a body at its Content-Length, so only a body
+	// of unknown length can go past limit, MaxBodyBytes.)
 	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
 	switch {
 	case err != nil:
 		return fmt.Errorf("reading body: %w", err)
-	case n > limit && limit == r.ContentLength:
-		return fmt.Errorf("body longer than its Content-Length of %d bytes", limit)
 	case n > limit:
 		return fmt.Errorf("body exceeds the limit of %d bytes", MaxBodyBytes)
 	case n == 0:

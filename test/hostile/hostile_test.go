@@ -52,17 +52,20 @@ func review(i int) []byte {
 "spec":{"containers":[{"name":"w","image":"worker:1","env":[%s{"name":"LAST","value":"x"}]}]}}}}`, i, i, env)
 }
 
-func rssBytes(t *testing.T, pid int) int64 {
+func rssBytes(t *testing.T, pid int) int64 { return procStatus(t, pid, "VmRSS:") }
+
+// procStatus returns a memory figure of /proc/<pid>/status, in bytes.
+func procStatus(t *testing.T, pid int, field string) int64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	require.NoError(t, err)
 	for line := range strings.Lines(string(data)) {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field {
 			kb, err := strconv.ParseInt(f[1], 10, 64)
 			require.NoError(t, err)
 			return kb << 10
 		}
 	}
-	t.Fatal("no VmRSS")
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
 }
 
@@ -262,6 +265,42 @@ func TestSlowClientsCannotTakeTheWebhookDown(t *testing.T) {
 // trickle 2 MiB and stall, and reconnect when the webhook closes them: seven
 // times the memory the webhook gives large bodies. The API server's reviews
 // are answered during the flood and after it.
+// TestReusedBuffersStayWithinTheBudget: rounds of one medium body answered,
+// then one small body that stalls on a connection of its own. A buffer a
+// medium body grew must not be reused by the small ones (each reserves only
+// its own few bytes): the webhook's peak RSS stays within idle, the bodies'
+// budget and the connections' buffers.
+func TestReusedBuffersStayWithinTheBudget(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("needs /proc to read the webhook's memory")
+	}
+	wh := startWebhook(t, false)
+	idle := rssBytes(t, wh.proc.Pid())
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: wh.tls}}
+	medium := bytes.Repeat([]byte("x"), 1000<<10)
+	var stalled []net.Conn
+	defer func() {
+		for _, c := range stalled {
+			c.Close()
+		}
+	}()
+	const rounds = 220
+	for range rounds {
+		resp, err := client.Post("https://"+wh.addr+"/mutate-pods", "application/json", bytes.NewReader(medium))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		c, err := tls.Dial("tcp", wh.addr, wh.tls)
+		require.NoError(t, err)
+		stalled = append(stalled, c)
+		_, err = fmt.Fprintf(c, "POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1024\r\n\r\n{\"apiVersion\":")
+		require.NoError(t, err)
+	}
+	peak := procStatus(t, wh.proc.Pid(), "VmHWM:")
+	t.Logf("%d rounds: RSS idle %d MiB, peak %d MiB", rounds, idle>>20, peak>>20)
+	assert.Less(t, peak-idle, int64(mutate.BodyBudget+mutate.MaxConnections*128<<10), "peak RSS above idle")
+}
+
 func TestLargeSlowBodiesDoNotStallReviews(t *testing.T) {
 	wh := startWebhook(t, false)
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: wh.tls}}
