@@ -19,7 +19,7 @@ func parentWith(status map[string]any, owners map[string]string) *unstructured.U
 	var mfs []metav1.ManagedFieldsEntry
 	for manager, fields := range owners {
 		mfs = append(mfs, metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationApply,
-			Subresource: "status", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(fields)}})
+			Subresource: "status", FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(fields)})
 	}
 	u.SetManagedFields(mfs)
 	return u
