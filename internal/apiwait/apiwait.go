@@ -13,6 +13,7 @@ package apiwait
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -38,7 +39,8 @@ const Poll = 500 * time.Millisecond
 
 // Hold makes cfg's list and watch requests (GETs) wait for the API server:
 // one refused or cut (a transport error) or answered with 429 or a 5xx is
-// sent again every poll. Every other request fails as usual. Give it only to
+// sent again every poll, or after the answer's Retry-After when it says to
+// wait longer (back-pressure, up to MaxRetryAfter). Every other request fails as usual. Give it only to
 // clients whose every GET may wait (a cache's): a write, or a leader
 // election's renewal, must fail fast.
 func Hold(cfg *rest.Config, poll time.Duration) {
@@ -52,19 +54,37 @@ func Hold(cfg *rest.Config, poll time.Duration) {
 				if answered(resp, err) || req.Context().Err() != nil {
 					return resp, err
 				}
+				wait := poll
 				if resp != nil {
+					wait = retryAfter(resp, poll)
 					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 					resp.Body.Close()
 				}
 				select {
 				case <-req.Context().Done():
 					return nil, req.Context().Err()
-				case <-time.After(poll):
+				case <-time.After(wait):
 				}
 				req = req.Clone(req.Context())
 			}
 		})
 	})
+}
+
+// MaxRetryAfter bounds how long a held request honours the API server's
+// Retry-After: a view kept stale longer than that by a misconfigured
+// server would be worse than the load of one more request.
+const MaxRetryAfter = 10 * time.Second
+
+// retryAfter is how long to wait before sending a request the API server
+// refused again: its Retry-After (in seconds, as the API server sends it
+// with 429 and 503), within poll and MaxRetryAfter; poll without one.
+func retryAfter(resp *http.Response, poll time.Duration) time.Duration {
+	secs, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || secs <= 0 {
+		return poll
+	}
+	return min(max(time.Duration(secs)*time.Second, poll), MaxRetryAfter)
 }
 
 // answered reports whether the API server answered a request: no transport

@@ -56,3 +56,21 @@ func TestHoldWaitsForTheAPIServer(t *testing.T) {
 	_, err = client.Do(req)
 	assert.ErrorIs(t, err, context.DeadlineExceeded, "a held request ends with its context")
 }
+
+func TestRetryAfter(t *testing.T) {
+	poll := 500 * time.Millisecond
+	for header, want := range map[string]time.Duration{
+		"":     poll,
+		"x":    poll,
+		"0":    poll,
+		"-3":   poll,
+		"2":    2 * time.Second,
+		"3600": MaxRetryAfter,
+	} {
+		resp := &http.Response{Header: http.Header{}}
+		if header != "" {
+			resp.Header.Set("Retry-After", header)
+		}
+		assert.Equal(t, want, retryAfter(resp, poll), "Retry-After %q", header)
+	}
+}

@@ -218,7 +218,7 @@ func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, o
 	}
 	p.set(synced)
 	if opts.LeaderElect {
-		if err := mgr.Add(staleLeader(restCfg, watch)); err != nil {
+		if err := mgr.Add(staleLeader(restCfg, watch, staleLeaderAfter)); err != nil {
 			return err
 		}
 	}

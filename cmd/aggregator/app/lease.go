@@ -120,13 +120,15 @@ const staleLeaderAfter = 10 * time.Second
 var errStaleLeader = errors.New("giving up the lease: the pod view stayed stale while the API server answers")
 
 // staleLeader runs on the leader: when its pod view has stayed stale for
-// staleLeaderAfter while the API server answered, it stops the manager, which
-// releases the lease, so that a replica with a fresh view takes over (this
-// one starts again with new caches, and competes after 2 RetryPeriods). Only
-// the time the API server answered counts: a view that is stale because the
-// API server is away is not this replica's fault (every replica's is), and
-// after an outage the watch needs a moment to deliver again.
-func staleLeader(restCfg *rest.Config, watch *watchMonitor) manager.Runnable {
+// after (staleLeaderAfter) while the API server answered, it stops the
+// manager, which releases the lease, so that a replica with a fresh view
+// takes over (this one starts again with new caches, and competes after 2
+// RetryPeriods). Only the time the API server answered, and did not throttle
+// the pod list or watch, counts: a view that is stale because the API server
+// is away, or throttles pod lists (429), is not this replica's fault (every
+// replica's is), and after an outage the watch needs a moment to deliver
+// again. Nothing is written from the stale view meanwhile (MayWrite).
+func staleLeader(restCfg *rest.Config, watch *watchMonitor, after time.Duration) manager.Runnable {
 	return manager.RunnableFunc(func(ctx context.Context) error {
 		cfg := rest.CopyConfig(restCfg)
 		cfg.Timeout = 2 * time.Second
@@ -145,7 +147,10 @@ func staleLeader(restCfg *rest.Config, watch *watchMonitor) manager.Runnable {
 				return nil
 			case <-ticker.C:
 			}
-			if watch.fresh() {
+			if watch.fresh() || watch.isThrottled() {
+				// Throttling is back-pressure, which every replica would
+				// meet alike: giving up the lease would only make each new
+				// leader relist, and the lease change hands in turn.
 				answering = time.Time{}
 				continue
 			}
@@ -156,7 +161,7 @@ func staleLeader(restCfg *rest.Config, watch *watchMonitor) manager.Runnable {
 			if answering.IsZero() {
 				answering = time.Now()
 			}
-			if waited := time.Since(answering); waited >= staleLeaderAfter {
+			if waited := time.Since(answering); waited >= after {
 				return fmt.Errorf("%w (stale for %s, %s of it with the API server answering)", errStaleLeader,
 					watch.stale().Round(time.Second), waited.Round(time.Second))
 			}

@@ -40,6 +40,10 @@ type watchMonitor struct {
 	// stream counts the watch streams opened, so that a settle timer knows
 	// whether its stream is still the current one.
 	stream int
+	// throttled is set while the last answer to the pod list or watch was
+	// 429 Too Many Requests: the API server's back-pressure (API Priority
+	// and Fairness), which every replica meets alike.
+	throttled bool
 }
 
 func newWatchMonitor(log logr.Logger) *watchMonitor {
@@ -59,6 +63,8 @@ func (m *watchMonitor) wrap(cfg *rest.Config) {
 			case err != nil && req.Context().Err() == nil:
 				m.broken(err.Error())
 			case err != nil:
+			case resp.StatusCode == http.StatusTooManyRequests:
+				m.throttle(resp.Status)
 			case resp.StatusCode != http.StatusOK:
 				m.broken(resp.Status)
 			case !watching:
@@ -116,9 +122,19 @@ func (m *watchMonitor) watchStream(req *http.Request, body io.ReadCloser) io.Rea
 
 func (m *watchMonitor) broken(reason string) { m.brokenAt(time.Now(), reason) }
 
+// throttle marks the view stale because the API server throttles the pod
+// list or watch: back-pressure, not an outage (isThrottled).
+func (m *watchMonitor) throttle(reason string) {
+	m.brokenAt(time.Now(), reason)
+	m.mu.Lock()
+	m.throttled = true
+	m.mu.Unlock()
+}
+
 func (m *watchMonitor) brokenAt(t time.Time, reason string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.throttled = false
 	if !m.brokenSince.IsZero() {
 		return
 	}
@@ -126,9 +142,18 @@ func (m *watchMonitor) brokenAt(t time.Time, reason string) {
 	m.log.Info("Pod watch interrupted: counts may be stale until it recovers", "reason", reason)
 }
 
+// isThrottled reports whether the view is stale because the API server
+// throttles the pod list or watch (its last answer was 429).
+func (m *watchMonitor) isThrottled() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.throttled && !m.brokenSince.IsZero()
+}
+
 func (m *watchMonitor) healthy() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.throttled = false
 	if m.brokenSince.IsZero() {
 		return
 	}
