@@ -32,7 +32,13 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedNa
 	if err != nil || len(orphans) == 0 || !r.mayWrite() {
 		return reconcile.Result{}, err
 	}
-	return r.releaseBatch(ctx, orphans, "orphaned")
+	result, err := r.releaseBatch(ctx, orphans, "orphaned")
+	if current != "" {
+		// The parent's own step comes at its next reconcile, so that one
+		// reconcile sends at most PodBatch pod patches.
+		result.RequeueAfter = foldRequeue
+	}
+	return result, err
 }
 
 // releaseBatch releases at most PodBatch of pods, none of them recorded, and
