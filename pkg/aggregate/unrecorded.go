@@ -51,6 +51,9 @@ const DefaultTrackingGrace = 2 * time.Minute
 // unrecordedEvery is how often Unrecorded looks for pods to release.
 const unrecordedEvery = 2 * time.Second
 
+// parentReadWait bounds the parent reads of one release pass.
+const parentReadWait = 2 * time.Second
+
 // Unrecorded releases the pods whose finish tally cannot record, so that no
 // pod waits on tally's finalizer for longer than a bound:
 //   - every pod of a kind with totals that the API server does not serve
@@ -245,10 +248,16 @@ func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Po
 		byParent[key] = append(byParent[key], pod)
 	}
 	counter := trackingFinalizers.WithLabelValues(kind, action)
+	// The cache blocks a read of a kind whose informer has not synced (its
+	// list or watch forbidden, its resource changed): bounded, so that one
+	// such kind cannot stall the releases of every kind. A parent not read
+	// gets no Event; its pods are released all the same.
+	readCtx, cancel := context.WithTimeout(ctx, parentReadWait)
+	defer cancel()
 	for key, group := range byParent {
 		parent := &unstructured.Unstructured{}
 		parent.SetGroupVersionKind(p.GroupVersionKind())
-		exists := u.parents.Get(ctx, key, parent) == nil
+		exists := u.parents.Get(readCtx, key, parent) == nil
 		var ledger Book
 		if exists && action == "lost" {
 			ledger, _ = ReadBook(parent.Object, p.LedgerPath(), nil)

@@ -1,15 +1,23 @@
 package aggregate
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/pkg/config"
 )
 
 func TestOverdue(t *testing.T) {
@@ -112,4 +120,48 @@ func TestReportHeld(t *testing.T) {
 			assert.Equal(t, tt.oldest, testutil.ToFloat64(oldestHeldPod.WithLabelValues(kind.String())))
 		})
 	}
+}
+
+// blockingReader is a cache whose kind never syncs: every read waits for
+// its context.
+type blockingReader struct{ client.Reader }
+
+func (blockingReader) Get(ctx context.Context, _ client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// patchRecorder records the pods patched.
+type patchRecorder struct {
+	client.Writer
+	mu      sync.Mutex
+	patched []string
+}
+
+func (w *patchRecorder) Patch(_ context.Context, obj client.Object, _ client.Patch, _ ...client.PatchOption) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.patched = append(w.patched, obj.GetName())
+	return nil
+}
+
+// TestReleaseDoesNotWaitForAnUnsyncedCache: the parents of a kind whose
+// informer never syncs are read within a bound, and their pods released
+// all the same, so that one kind cannot stall the releases of the others.
+func TestReleaseDoesNotWaitForAnUnsyncedCache(t *testing.T) {
+	p := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "StuckPool",
+		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
+	w := &patchRecorder{}
+	u := NewUnrecorded([]config.Parent{p}, nil, nil, blockingReader{}, w, &events.FakeRecorder{}, time.Minute, nil, &reconciledParents{}, logr.Discard())
+	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "uid-1"}, Tracking: true, Phase: corev1.PodFailed,
+		Controller: Controller{Kind: p.GroupKind(), Name: "pool"}}
+	done := make(chan error, 1)
+	go func() { done <- u.releaseAll(context.Background(), p, []*Pod{pod}, "lost", "test") }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(3 * parentReadWait):
+		t.Fatal("a release pass waited on a cache that never syncs")
+	}
+	assert.Equal(t, []string{"held"}, w.patched)
 }
