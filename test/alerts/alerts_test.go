@@ -117,3 +117,19 @@ func TestDashboardQueries(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "dashboard.yaml"), out, 0o644))
 	runPromtool(t, dir, "check", "rules", "dashboard.yaml")
 }
+
+// TestAlertsWithoutLeaderElection runs testdata/without_leader_election_test.yaml
+// on the rules rendered with aggregator.leaderElect=false: TallyAggregatorNoLeader
+// reads a series every running aggregator exposes from its start.
+func TestAlertsWithoutLeaderElection(t *testing.T) {
+	groups, err := framework.AlertRules("aggregator.leaderElect=false")
+	require.NoError(t, err)
+	rules, err := yaml.Marshal(map[string]any{"groups": groups})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644))
+	testFile, err := os.ReadFile(repo.Path("test", "alerts", "testdata", "without_leader_election_test.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), testFile, 0o644))
+	runPromtool(t, dir, "test", "rules", "alerts_test.yaml")
+}
