@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/examples/workerpool/operator"
-	"tally.dev/tally/pkg/intent"
 	"tally.dev/tally/pkg/keys"
 )
 
@@ -105,30 +105,40 @@ func (d *Demo) disrupt(ctx context.Context) {
 
 // lateMarks counts what became of the marks markLate sent.
 type lateMarks struct {
-	// refused by the webhook, or gone: the pod was deleted before the mark
-	// arrived.
-	refused, gone int
+	// refused by the webhook because the pod had finished; marked is how
+	// many were refused because the pod carried an intent admitted before
+	// it finished (the operator marked it first); gone, how many found the
+	// pod deleted, or replaced under its name.
+	refused, marked, gone int
 	// admitted names the pods whose late mark was admitted: each is a
 	// broken rule.
 	admitted []string
 }
 
+// lateReason is the reason markLate gives, apart from the operator's, so
+// that a refusal for an intent the operator set first is told apart.
+const lateReason = "retire"
+
 // markLate marks pod, which has just crashed or been deleted, for
-// completion from the copy listed before its end, as an operator acting on
-// a list taken a moment earlier does. The webhook must refuse it: the pod
-// ended without being asked to, so its end counts as unexpected, whenever
-// tally records it.
+// completion from the copy listed before its end, as another handler of an
+// operator acting on a list taken a moment earlier does. The webhook must
+// refuse it: the pod ended without being asked to, so its end counts as
+// unexpected, whenever tally records it. The patch names the pod's UID, so
+// that a replacement that took the name is never marked instead.
 func (d *Demo) markLate(ctx context.Context, listed *corev1.Pod) {
-	err := intent.MarkForCompletion(ctx, d.client, listed, operator.ScaleDown)
+	patch := fmt.Appendf(nil, `{"metadata":{"uid":%q,"annotations":{%q:%q}}}`, listed.UID, keys.CompletionIntent, lateReason)
+	err := d.client.Patch(ctx, listed, client.RawPatch(types.MergePatchType, patch))
 	switch {
 	case err == nil:
 		d.say("pod %s marked for completion after it finished: ADMITTED", listed.Name)
 		d.late.admitted = append(d.late.admitted, listed.Name)
-	case apierrors.IsNotFound(err):
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || apierrors.IsInvalid(err):
 		d.late.gone++
-	case apierrors.IsForbidden(err):
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "cannot be set on a pod that has finished"):
 		d.say("pod %s marked for completion from a list taken before its end: refused, it had finished", listed.Name)
 		d.late.refused++
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "is sticky"):
+		d.late.marked++
 	default:
 		d.say("marking %s after it finished failed: %v", listed.Name, err)
 	}

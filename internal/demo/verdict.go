@@ -150,8 +150,9 @@ func (d *Demo) Verdict(ctx context.Context) error {
 			s.Totals[config.CompletedTotal], s.Totals[config.UnexpectedTotal])
 	}
 	late := fmt.Sprintf("; the webhook refused all %d marks sent after their pods had finished", d.late.refused)
-	if d.late.gone > 0 {
-		late += fmt.Sprintf(" (%d more found the pod gone)", d.late.gone)
+	if d.late.marked > 0 || d.late.gone > 0 {
+		late += fmt.Sprintf(" (of %d more, %d found an intent admitted before the pod finished, %d the pod gone)",
+			d.late.marked+d.late.gone, d.late.marked, d.late.gone)
 	}
 	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d)%s%s%s. Logs: %s\n",
 		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], totals, late, sent, d.logDir)
