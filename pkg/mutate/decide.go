@@ -57,6 +57,10 @@ type Input struct {
 type Decision struct {
 	// Denied, when not empty, refuses the request with this message.
 	Denied string
+	// Late says that Denied refuses an intent set on a pod that had
+	// finished: an operator acting on an older view of the pod, not a
+	// broken client.
+	Late bool
 	// Patch holds the operations that bring the pod in line with the
 	// contract; empty when it already is.
 	Patch []PatchOp
@@ -183,6 +187,9 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	if denied := checkIntent(in); denied != "" {
 		return Decision{Denied: denied}
 	}
+	if late := checkFinished(in); late != "" {
+		return Decision{Denied: late, Late: true}
+	}
 
 	if m.checker != nil && !alreadyStamped(in, owner) {
 		ok, reason, err := m.checker.CheckOwner(ctx, in.Pod.Namespace, owner)
@@ -265,11 +272,7 @@ func wantKeysOf(p identity.Parent) wantKeys {
 }
 
 // checkIntent returns a denial message when the request changes or removes
-// an admitted intent, sets an invalid reason, or sets an intent on a pod
-// that has finished. An intent counts only when it is admitted before its
-// pod finishes, in the API server's order of events: the stored pod the
-// request is admitted against says whether it has, so a pod's total never
-// depends on when the aggregator looks.
+// an admitted intent, or sets an invalid reason.
 func checkIntent(in Input) string {
 	reason, has := in.Pod.Annotations[keys.CompletionIntent]
 	if in.Old != nil {
@@ -289,14 +292,29 @@ func checkIntent(in Input) string {
 	if err := intent.ValidReason(reason); err != nil {
 		return fmt.Sprintf("annotation %s: %v", keys.CompletionIntent, err)
 	}
-	if in.Old != nil && intent.Finished(in.OldPhase, in.Old.DeletionTimestamp != nil) {
-		how := fmt.Sprintf("phase %s", in.OldPhase)
-		if in.Old.DeletionTimestamp != nil {
-			how = "its deletion was requested"
-		}
-		return fmt.Sprintf("annotation %s cannot be set on a pod that has finished (%s): an intent counts only when it is set before the pod finishes, and this pod's end is counted as unexpected", keys.CompletionIntent, how)
-	}
 	return ""
+}
+
+// checkFinished returns a denial message when the request sets an intent
+// on a pod that has finished. An intent counts only when it is admitted
+// before its pod finishes, in the API server's order of events: the stored
+// pod the request is admitted against says whether it has, so a pod's total
+// never depends on when the aggregator looks.
+func checkFinished(in Input) string {
+	if in.Old == nil || !intent.Finished(in.OldPhase, in.Old.DeletionTimestamp != nil) {
+		return ""
+	}
+	if _, has := in.Pod.Annotations[keys.CompletionIntent]; !has {
+		return ""
+	}
+	if _, had := in.Old.Annotations[keys.CompletionIntent]; had {
+		return ""
+	}
+	how := fmt.Sprintf("phase %s", in.OldPhase)
+	if in.Old.DeletionTimestamp != nil {
+		how = "its deletion was requested"
+	}
+	return fmt.Sprintf("annotation %s cannot be set on a pod that has finished (%s): an intent counts only when it is set before the pod finishes, and this pod's end is counted as unexpected", keys.CompletionIntent, how)
 }
 
 // admittedBefore reports whether the stored pod carries an admitted intent:

@@ -69,7 +69,7 @@ var (
 
 // admissionResults are the values of tally_webhook_admissions_total's result
 // label.
-var admissionResults = []string{"unchanged", "patched", "denied", "error", "ignored", "unavailable"}
+var admissionResults = []string{"unchanged", "patched", "denied", "late", "error", "ignored", "unavailable"}
 
 func init() {
 	metrics.Registry.MustRegister(admissions, memoryRefused, memoryWait, admissionDuration)
@@ -260,7 +260,11 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, bufp **bytes.Bu
 	}
 	if d.Denied != "" {
 		h.log.Info("Denied pod admission", "uid", req.UID, "namespace", req.Namespace, "user", in.User, "reason", d.Denied)
-		return denied(req.UID, d.Denied), op
+		resp := denied(req.UID, d.Denied)
+		if d.Late {
+			resp.result = "late"
+		}
+		return resp, op
 	}
 	allowed.warnings = d.Warnings
 	if len(d.Patch) > 0 {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -208,6 +209,20 @@ func TestHandlerReadsWhetherTheStoredPodFinished(t *testing.T) {
 			assert.Contains(t, resp.Result.Message, "cannot be set on a pod that has finished")
 		})
 	}
+}
+
+// TestLateMarksAreCountedApart: an intent refused because its pod had
+// finished is counted as result "late", not "denied" (a client to fix).
+func TestLateMarksAreCountedApart(t *testing.T) {
+	h := newTestHandler()
+	late := admissions.WithLabelValues("UPDATE", "late")
+	denied := admissions.WithLabelValues("UPDATE", "denied")
+	lateBefore, deniedBefore := testutil.ToFloat64(late), testutil.ToFloat64(denied)
+	serve(t, h, reviewBody(t, admissionv1.Update, stamped().Annotation(keys.CompletionIntent, "scale-down").Build(), stamped().Phase(corev1.PodFailed).Build()))
+	assert.Equal(t, lateBefore+1, testutil.ToFloat64(late))
+	assert.Equal(t, deniedBefore, testutil.ToFloat64(denied))
+	serve(t, h, reviewBody(t, admissionv1.Update, stamped().Build(), withIntent(stamped()).Build()))
+	assert.Equal(t, deniedBefore+1, testutil.ToFloat64(denied), "a sticky intent removed is a denial")
 }
 
 // TestHandlerFailsTheCallWhenOwnersCannotBeChecked: with verifyOwner and the
