@@ -27,14 +27,23 @@ type Parent struct {
 
 // Of returns the parent an ownerReference names. The group is the
 // apiVersion up to its last '/', and empty when it has none (the core
-// group), whatever the version.
+// group), whatever the version; "/v1" names no group at all (noGroup).
 func Of(ref metav1.OwnerReference) Parent {
 	group := ""
 	if i := strings.LastIndexByte(ref.APIVersion, '/'); i >= 0 {
 		group = ref.APIVersion[:i]
+		if group == "" {
+			// "/v1" names no group: the core group's apiVersion has no
+			// '/' (the registration's match conditions read it so too).
+			group = noGroup
+		}
 	}
 	return Parent{GroupKind: schema.GroupKind{Group: group, Kind: ref.Kind}, Name: ref.Name, UID: ref.UID}
 }
+
+// noGroup is the group of an apiVersion with an empty group before its '/':
+// no kind is tracked in it.
+const noGroup = "/"
 
 // Controller returns the first ownerReference of refs that is a controller,
 // and false when there is none.

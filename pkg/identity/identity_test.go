@@ -78,6 +78,7 @@ func TestOf(t *testing.T) {
 		{"example.tally.dev/v1", "WorkerPool.example.tally.dev/p"},
 		{"v1", "WorkerPool/p"},
 		{"a/b/v1", "WorkerPool.a/b/p"},
+		{"/v1", "WorkerPool.//p"}, // no group: not the core group
 	}
 	for _, tc := range cases {
 		assert.Equal(t, tc.want, Of(metav1.OwnerReference{APIVersion: tc.apiVersion, Kind: "WorkerPool", Name: "p"}).String(), tc.apiVersion)

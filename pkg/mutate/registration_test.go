@@ -202,6 +202,8 @@ func TestMatchConditionsSkipOnlyNoOps(t *testing.T) {
 				Old: &PodMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: pool.APIVersion, Kind: pool.Kind, Name: pool.Name, UID: pool.UID}},
 					Annotations: map[string]string{keys.CompletionIntent: "scale-down"}},
 				Pod: with(marked, func(m *PodMeta) { m.Annotations[keys.CompletionIntentAt] = "2001-01-01T00:00:00Z" })}, wantCalled: true},
+		{name: "an apiVersion \"/v1\" names no group, not the core group: an unstamped pod is not sent, and not tracked",
+			in: Input{Operation: Create, Pod: &PodMeta{OwnerReferences: []metav1.OwnerReference{controllerRef("/v1", "ReplicationController", "rc-a", uid)}}}},
 		{name: "a version of the group with a '/' in it is another group: sent", in: Input{Operation: Create, Pod: prestamped(controllerRef("example.tally.dev/x/v1", "WorkerPool", "pool-a", uid))}, wantCalled: true},
 	}
 	for _, tc := range cases {
@@ -288,6 +290,7 @@ func randomRequest(rng *rand.Rand) Input {
 		controllerRef("example.tally.dev/x/v1", "WorkerPool", "pool-a", uid),
 		controllerRef("v1", "ReplicationController", "rc-a", uid),
 		controllerRef("core/v1", "ReplicationController", "rc-a", uid),
+		controllerRef("/v1", "ReplicationController", "rc-a", uid),
 		controllerRef("batch/v1", "Job", "job-a", uid),
 		controllerRef("apps/v1", "ReplicaSet", "rs-a", uid),
 	}
