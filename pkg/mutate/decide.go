@@ -165,7 +165,7 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 		// request may not remove or change it, nor its stamps. Any other
 		// stamp is a client's, and an untracked pod carries no identity.
 		if admitted {
-			if denied := checkIntent(in); denied != "" {
+			if denied := checkIntent(in, true); denied != "" {
 				return Decision{Denied: denied}
 			}
 		}
@@ -184,7 +184,7 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	}
 
 	var d Decision
-	if denied := checkIntent(in); denied != "" {
+	if denied := checkIntent(in, admitted); denied != "" {
 		return Decision{Denied: denied}
 	}
 	if late := checkFinished(in); late != "" {
@@ -272,19 +272,18 @@ func wantKeysOf(p identity.Parent) wantKeys {
 }
 
 // checkIntent returns a denial message when the request changes or removes
-// an admitted intent, or sets an invalid reason.
-func checkIntent(in Input) string {
+// an admitted intent (admittedBefore), or sets an invalid reason.
+func checkIntent(in Input, admitted bool) string {
 	reason, has := in.Pod.Annotations[keys.CompletionIntent]
-	if in.Old != nil {
-		if old, had := in.Old.Annotations[keys.CompletionIntent]; had {
-			switch {
-			case !has:
-				return fmt.Sprintf("annotation %s is sticky: it was set to %q and cannot be removed", keys.CompletionIntent, old)
-			case reason != old:
-				return fmt.Sprintf("annotation %s is sticky: it was set to %q and cannot be changed to %q", keys.CompletionIntent, old, reason)
-			}
-			return ""
+	if admitted {
+		old := in.Old.Annotations[keys.CompletionIntent]
+		switch {
+		case !has:
+			return fmt.Sprintf("annotation %s is sticky: it was set to %q and cannot be removed", keys.CompletionIntent, old)
+		case reason != old:
+			return fmt.Sprintf("annotation %s is sticky: it was set to %q and cannot be changed to %q", keys.CompletionIntent, old, reason)
 		}
+		return ""
 	}
 	if !has {
 		return ""
@@ -304,10 +303,10 @@ func checkFinished(in Input) string {
 	if in.Old == nil || !intent.Finished(in.OldPhase, in.Old.DeletionTimestamp != nil) {
 		return ""
 	}
-	if _, has := in.Pod.Annotations[keys.CompletionIntent]; !has {
-		return ""
-	}
-	if _, had := in.Old.Annotations[keys.CompletionIntent]; had {
+	reason, has := in.Pod.Annotations[keys.CompletionIntent]
+	if old, had := in.Old.Annotations[keys.CompletionIntent]; !has || had && old == reason {
+		// No intent, or the one the pod carried before (admitted then, or
+		// set while it was not tracked: admitted now).
 		return ""
 	}
 	how := fmt.Sprintf("phase %s", in.OldPhase)
@@ -357,12 +356,10 @@ func intentStamp(in Input, admitted bool) (at, by string, ok bool) {
 		return at, by, true
 	}
 	by = in.User
-	if in.Old != nil {
-		if _, had := in.Old.Annotations[keys.CompletionIntent]; had {
-			// Set while the pod was not tracked, and admitted now that it
-			// is: nobody was observed setting it.
-			by = UnobservedRequester
-		}
+	if in.Old != nil && in.Old.Annotations[keys.CompletionIntent] == in.Pod.Annotations[keys.CompletionIntent] {
+		// Set while the pod was not tracked, and admitted now that it is:
+		// nobody was observed setting it.
+		by = UnobservedRequester
 	}
 	if at, ok := in.Pod.Annotations[keys.CompletionIntentAt]; ok && in.Pod.Annotations[keys.CompletionIntentBy] == by {
 		if t, err := time.Parse(time.RFC3339, at); err == nil && t.Location() == time.UTC &&

@@ -1,0 +1,409 @@
+package mutate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+
+	"tally.dev/tally/pkg/config"
+)
+
+// contract is the pod metadata contract of the SPEC (and docs/metadata.md),
+// written from them and not from Decide: given the stored pod (none on
+// CREATE) and the pod a client asks for, the tally keys the admitted pod
+// must carry, or that the request is refused. verifyOwner is off.
+type contract struct {
+	tracked, totals map[schema.GroupKind]bool
+}
+
+// admitted is what the contract says of one request.
+type admitted struct {
+	denied bool
+	// keys are the pod's tally.dev/ labels ("label:" prefix) and
+	// annotations ("annotation:" prefix); tracking whether it carries the
+	// tracking finalizer.
+	keys     map[string]string
+	tracking bool
+}
+
+var (
+	reasonRule = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	labelValue = regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)
+)
+
+// owner returns the kind and ref of the pod's controller ownerReference,
+// when it names a tracked kind: the group is what precedes the version in
+// the apiVersion ("v1": the core group; "/v1" names none).
+func (c contract) owner(pod *PodMeta) (schema.GroupKind, metav1.OwnerReference, bool) {
+	if pod == nil {
+		return schema.GroupKind{}, metav1.OwnerReference{}, false
+	}
+	for _, ref := range pod.OwnerReferences {
+		if ref.Controller == nil || !*ref.Controller {
+			continue
+		}
+		group := ""
+		if i := strings.LastIndex(ref.APIVersion, "/"); i >= 0 {
+			group = ref.APIVersion[:i]
+			if group == "" {
+				return schema.GroupKind{}, ref, false
+			}
+		}
+		gk := schema.GroupKind{Group: group, Kind: ref.Kind}
+		return gk, ref, c.tracked[gk]
+	}
+	return schema.GroupKind{}, metav1.OwnerReference{}, false
+}
+
+func (c contract) admit(op Operation, stored *PodMeta, storedPhase corev1.PodPhase, req *PodMeta, user string, now time.Time) admitted {
+	kind, ref, trackedNow := c.owner(req)
+	_, _, trackedBefore := c.owner(stored)
+	var storedIntent, storedAt, storedBy string
+	var had, hadAt, hadBy bool
+	if stored != nil {
+		storedIntent, had = stored.Annotations["tally.dev/completion-intent"]
+		storedAt, hadAt = stored.Annotations["tally.dev/completion-intent-at"]
+		storedBy, hadBy = stored.Annotations["tally.dev/completion-intent-by"]
+	}
+	reason, has := req.Annotations["tally.dev/completion-intent"]
+	// Sticky, whatever the owner before or after: an intent carried while
+	// tracked, or stamped by tally (-at), was admitted.
+	wasAdmitted := op == Update && had && (trackedBefore || hadAt)
+	if wasAdmitted && (!has || reason != storedIntent) {
+		return admitted{denied: true}
+	}
+	finished := stored != nil && (storedPhase == corev1.PodSucceeded || storedPhase == corev1.PodFailed || stored.DeletionTimestamp != nil)
+	newlySet := has && !(had && storedIntent == reason)
+	if trackedNow && has && !wasAdmitted && !reasonRule.MatchString(reason) {
+		return admitted{denied: true}
+	}
+	if trackedNow && newlySet && finished {
+		return admitted{denied: true}
+	}
+
+	out := admitted{keys: map[string]string{}}
+	if trackedNow {
+		out.keys["label:tally.dev/parent-uid"] = string(ref.UID)
+		if len(ref.Name) <= 63 && labelValue.MatchString(ref.Name) {
+			out.keys["label:tally.dev/parent-name"] = ref.Name
+		}
+		id := ref.Kind + "/" + ref.Name
+		if kind.Group != "" {
+			id = ref.Kind + "." + kind.Group + "/" + ref.Name
+		}
+		out.keys["annotation:tally.dev/parent"] = id
+	}
+	nowStamp := now.UTC().Format(time.RFC3339)
+	if has {
+		out.keys["annotation:tally.dev/completion-intent"] = reason
+		switch {
+		case wasAdmitted:
+			out.keys["annotation:tally.dev/completion-intent-at"], out.keys["annotation:tally.dev/completion-intent-by"] = nowStamp, UnobservedRequester
+			if hadAt {
+				out.keys["annotation:tally.dev/completion-intent-at"] = storedAt
+			}
+			if hadBy {
+				out.keys["annotation:tally.dev/completion-intent-by"] = storedBy
+			}
+		case trackedNow:
+			by := user
+			if !newlySet {
+				by = UnobservedRequester // set while not tracked: nobody seen setting it
+			}
+			at := nowStamp
+			// A stamp already on the request, by the same requester and
+			// within 30 s of now, is the webhook's own from an earlier
+			// invocation of the same request.
+			if t, err := time.Parse(time.RFC3339, req.Annotations["tally.dev/completion-intent-at"]); err == nil && t.Location() == time.UTC &&
+				req.Annotations["tally.dev/completion-intent-by"] == by && t.After(now.Add(-30*time.Second)) && t.Before(now.Add(30*time.Second)) {
+				at = req.Annotations["tally.dev/completion-intent-at"]
+			}
+			out.keys["annotation:tally.dev/completion-intent-at"], out.keys["annotation:tally.dev/completion-intent-by"] = at, by
+		}
+	}
+	for _, f := range req.Finalizers {
+		out.tracking = out.tracking || f == "tally.dev/tracking"
+	}
+	if op == Create && trackedNow && c.totals[kind] {
+		out.tracking = true
+	}
+	return out
+}
+
+// tallyKeys is what admitted.keys holds, read from a pod.
+func tallyKeys(pod *PodMeta) (map[string]string, bool) {
+	keys := map[string]string{}
+	for k, v := range pod.Labels {
+		if strings.HasPrefix(k, "tally.dev/") {
+			keys["label:"+k] = v
+		}
+	}
+	for k, v := range pod.Annotations {
+		if strings.HasPrefix(k, "tally.dev/") {
+			keys["annotation:"+k] = v
+		}
+	}
+	tracking := false
+	for _, f := range pod.Finalizers {
+		tracking = tracking || f == "tally.dev/tracking"
+	}
+	return keys, tracking
+}
+
+// contractParents: a kind with totals (its pods get the finalizer) and a
+// core kind without.
+var contractParents = []config.Parent{
+	{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool",
+		Counts: map[config.Count]string{config.CompletedTotal: "status.completedTotal"}, Ledger: "status.ledger"},
+	{Version: "v1", Kind: "ReplicationController"},
+}
+
+var contractOwners = []metav1.OwnerReference{
+	{APIVersion: "example.tally.dev/v1", Kind: "WorkerPool", Name: "pool-a", UID: "uid-a"},
+	{APIVersion: "example.tally.dev/v2", Kind: "WorkerPool", Name: "pool-b", UID: "uid-b"},
+	{APIVersion: "example.tally.dev/v1", Kind: "WorkerPool", Name: strings.Repeat("p", 64), UID: "uid-long"},
+	{APIVersion: "v1", Kind: "ReplicationController", Name: "rc", UID: "uid-rc"},
+	{APIVersion: "/v1", Kind: "ReplicationController", Name: "rc", UID: "uid-rc"},
+	{APIVersion: "other.dev/v1", Kind: "WorkerPool", Name: "pool-a", UID: "uid-a"},
+	{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", UID: "uid-rs"},
+}
+
+// harness is what every sequence uses, built once: the chart's match
+// conditions compiled, the mutator and the contract, for contractParents.
+type harness struct {
+	matcher apiServerMatcher
+	mutator *Mutator
+	model   contract
+}
+
+func newHarness(t testing.TB) *harness {
+	cfg := config.Config{Parents: contractParents}
+	h := &harness{matcher: compileConditions(t, MatchConditions(&cfg)), mutator: NewMutator(cfg.Parents, nil),
+		model: contract{tracked: map[schema.GroupKind]bool{}, totals: map[schema.GroupKind]bool{}}}
+	h.mutator.AddTrackingWhen(func(schema.GroupKind) bool { return true })
+	for _, p := range cfg.Parents {
+		h.model.tracked[p.GroupKind()] = true
+		h.model.totals[p.GroupKind()] = p.Tracked()
+	}
+	return h
+}
+
+// sequence admits the requests the choices describe, one after the other,
+// as the API server would: the chart's match conditions with the API
+// server's CEL library, then Decide when they call, then the patch; the
+// stored pod is what was admitted. Every step must end as the contract
+// says; a failure lists the steps taken.
+func (h *harness) sequence(t *testing.T, choices []byte) {
+	t.Helper()
+	matcher, m, model := h.matcher, h.mutator, h.model
+
+	next := func() int {
+		if len(choices) == 0 {
+			return 0
+		}
+		c := int(choices[0])
+		choices = choices[1:]
+		return c
+	}
+	var stored *PodMeta
+	var phase corev1.PodPhase
+	var steps []string
+	now := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	users := []string{"operator", "someone-else"}
+	for step := 0; step < 12 && (step == 0 || len(choices) > 0); step++ {
+		now = now.Add(time.Duration(next()) * time.Second)
+		op, req := Update, &PodMeta{Namespace: "ns", Labels: map[string]string{"app": "w"}, Annotations: map[string]string{}}
+		if stored == nil {
+			op = Create
+		} else {
+			req = with(stored, func(*PodMeta) {})
+		}
+		var did []string
+		for n := 1 + next()%3; n > 0; n-- {
+			did = append(did, mutateRequest(req, next(), now))
+		}
+		// Paths the webhook does not see: the kubelet's status write, a
+		// deletion.
+		switch next() % 8 {
+		case 0:
+			if stored != nil {
+				phase = corev1.PodFailed
+				did = append(did, "(then pods/status: phase Failed)")
+			}
+		case 1:
+			if stored != nil && stored.DeletionTimestamp == nil {
+				stored.DeletionTimestamp = &metav1.Time{Time: now}
+				req.DeletionTimestamp = stored.DeletionTimestamp
+				did = append(did, "(then DELETE: deletion requested)")
+			}
+		}
+		// As the webhook receives it: empty maps are not sent.
+		if len(req.Labels) == 0 {
+			req.Labels = nil
+		}
+		if len(req.Annotations) == 0 {
+			req.Annotations = nil
+		}
+		user := users[next()%len(users)]
+		steps = append(steps, fmt.Sprintf("%s by %s: %s", op, user, strings.Join(did, ", ")))
+
+		in := Input{Operation: op, User: user, Pod: req, Old: stored, OldPhase: phase, Now: now}
+		want := model.admit(op, stored, phase, req, user, now)
+		got, denied := req, false
+		if matcher.calls(t, in) {
+			d := m.Decide(context.Background(), in)
+			denied = d.Denied != ""
+			if !denied {
+				got = applyDecision(t, req, d)
+			}
+		}
+		history := strings.Join(steps, "\n  ")
+		require.Equal(t, want.denied, denied, "refused or not, after:\n  %s", history)
+		if denied {
+			continue
+		}
+		keys, tracking := tallyKeys(got)
+		require.Equal(t, want.keys, keys, "the admitted pod's tally keys, after:\n  %s", history)
+		require.Equal(t, want.tracking, tracking, "the tracking finalizer, after:\n  %s", history)
+		stored = got
+	}
+}
+
+// mutateRequest changes req as a client could, by choice c, and says how.
+func mutateRequest(req *PodMeta, c int, now time.Time) string {
+	set := func(k, v string) { req.Annotations[k] = v }
+	if req.Labels == nil {
+		req.Labels = map[string]string{}
+	}
+	if req.Annotations == nil {
+		req.Annotations = map[string]string{}
+	}
+	switch c % 16 {
+	case 0, 1, 2:
+		ref := contractOwners[(c/16)%len(contractOwners)]
+		ref.Controller = ptr.To(true)
+		req.OwnerReferences = []metav1.OwnerReference{ref}
+		return "controller " + ref.APIVersion + " " + ref.Kind + " " + ref.Name[:min(len(ref.Name), 8)]
+	case 3:
+		req.OwnerReferences = nil
+		return "no owner"
+	case 4:
+		for i := range req.OwnerReferences {
+			req.OwnerReferences[i].Controller = ptr.To(false)
+		}
+		return "owners not controllers"
+	case 5:
+		// The identity the webhook would stamp, written by the client.
+		for _, ref := range req.OwnerReferences {
+			if ref.Controller != nil && *ref.Controller {
+				req.Labels["tally.dev/parent-uid"] = string(ref.UID)
+				req.Labels["tally.dev/parent-name"] = ref.Name
+				req.Annotations["tally.dev/parent"] = ref.Kind + ".example.tally.dev/" + ref.Name
+			}
+		}
+		return "identity written by the client"
+	case 6:
+		req.Labels["tally.dev/parent-uid"] = "forged"
+		return "parent-uid forged"
+	case 7:
+		delete(req.Labels, "tally.dev/parent-uid")
+		delete(req.Labels, "tally.dev/parent-name")
+		delete(req.Annotations, "tally.dev/parent")
+		return "identity removed"
+	case 8:
+		set("tally.dev/completion-intent", "scale-down")
+		return "intent scale-down"
+	case 9:
+		set("tally.dev/completion-intent", "drain")
+		return "intent drain"
+	case 10:
+		set("tally.dev/completion-intent", "Bad Reason")
+		return "intent invalid"
+	case 11:
+		delete(req.Annotations, "tally.dev/completion-intent")
+		return "intent removed"
+	case 12:
+		set("tally.dev/completion-intent-at", "2001-01-01T00:00:00Z")
+		set("tally.dev/completion-intent-by", "mallory")
+		return "stamps forged"
+	case 13:
+		set("tally.dev/completion-intent-at", now.UTC().Format(time.RFC3339))
+		set("tally.dev/completion-intent-by", "operator")
+		return "stamps of now, by operator"
+	case 14:
+		delete(req.Annotations, "tally.dev/completion-intent-at")
+		delete(req.Annotations, "tally.dev/completion-intent-by")
+		return "stamps removed"
+	default:
+		req.Finalizers = append(req.Finalizers, "example.com/other")
+		return "another finalizer"
+	}
+}
+
+// applyDecision applies d's patch to pod, as the API server does.
+func applyDecision(t *testing.T, pod *PodMeta, d Decision) *PodMeta {
+	t.Helper()
+	if len(d.Patch) == 0 {
+		return pod
+	}
+	raw, err := json.Marshal(podFrom(pod))
+	require.NoError(t, err)
+	patch, err := jsonpatch.DecodePatch(AppendPatch(nil, d.Patch))
+	require.NoError(t, err)
+	raw, err = patch.Apply(raw)
+	require.NoError(t, err)
+	var out corev1.Pod
+	require.NoError(t, json.Unmarshal(raw, &out))
+	got := &PodMeta{Namespace: pod.Namespace, ResourceVersion: pod.ResourceVersion, Labels: out.Labels, Annotations: out.Annotations,
+		OwnerReferences: out.OwnerReferences, Finalizers: out.Finalizers, DeletionTimestamp: pod.DeletionTimestamp}
+	return got
+}
+
+// FuzzContract checks sequences of pod requests, built from the fuzzer's
+// bytes, against the contract: make test runs the seeds below; run it
+// longer with
+//
+//	go test ./pkg/mutate -run '^$' -fuzz FuzzContract -fuzztime 30m
+func FuzzContract(f *testing.F) {
+	// Each step is: seconds that pass, how many changes (1 + b%3), the
+	// changes (mutateRequest), what follows on paths the webhook does not
+	// see (b%8: 0 the pod fails, 1 it is deleted), the user. The two
+	// sequences of issue 38, and a few ordinary lives of a pod.
+	seed := func(steps ...[]byte) []byte { return slices.Concat(steps...) }
+	f.Add(seed( // an admitted intent laundered by removing the controller
+		[]byte{0, 1, 0, 5, 7, 0},     // CREATE controlled by pool-a, identity written
+		[]byte{0, 0, 8, 7, 0},        // marked
+		[]byte{0, 2, 3, 7, 11, 7, 0}, // no owner, no identity, no intent
+		[]byte{0, 2, 0, 5, 8, 7, 0})) // the controller back, identity and intent
+	f.Add(seed( // stamps forged while untracked, then the pod made tracked
+		[]byte{0, 2, 0, 4, 8, 7, 0}, // CREATE with an owner that is not the controller, and an intent
+		[]byte{0, 0, 12, 7, 1},      // stamps forged
+		[]byte{0, 1, 0, 5, 7, 0}))   // made the controller, identity written
+	f.Add(seed( // marked after it failed
+		[]byte{0, 1, 0, 5, 7, 0},
+		[]byte{1, 0, 15, 0, 0}, // then the pod fails
+		[]byte{1, 0, 8, 7, 0}))
+	f.Add(seed( // a core-group parent, marked after its deletion
+		[]byte{0, 1, 48, 5, 7, 0},
+		[]byte{1, 0, 15, 1, 0}, // then the pod is deleted
+		[]byte{1, 0, 8, 7, 1}))
+	f.Add(seed( // a parent name that is no label value, stamps of now
+		[]byte{0, 1, 32, 5, 7, 0},
+		[]byte{0, 1, 8, 13, 7, 0}))
+	h := newHarness(f)
+	f.Fuzz(func(t *testing.T, choices []byte) {
+		h.sequence(t, choices)
+	})
+}
