@@ -23,7 +23,7 @@ func TestAlertRulesWithoutLeaderElection(t *testing.T) {
 		for _, r := range g.Rules {
 			if r.Alert == "TallyAggregatorNoLeader" {
 				found = true
-				assert.Equal(t, `absent(tally_aggregator_reconciles_total{namespace="tally-system"})`, r.Expr)
+				assert.Equal(t, `absent(tally_aggregator_pod_watch_stale_seconds{namespace="tally-system"})`, r.Expr)
 			}
 		}
 	}
