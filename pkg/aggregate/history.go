@@ -21,21 +21,34 @@ import (
 // TotalsFieldManager, values unchanged, before the counts' apply would
 // remove it; this is also done for a kind that keeps no totals any more.
 
-// ownedPaths returns the status fields (leaves, as paths from the object's
-// root) that manager owns through applies to the status subresource.
-func ownedPaths(parent *unstructured.Unstructured, manager string) [][]string {
-	var out [][]string
+// ownership holds the status fields (leaves, as paths from the object's
+// root) that each of tally's field managers owns through applies to a
+// parent's status subresource, read once per reconcile from its managed
+// fields.
+type ownership struct{ counts, totals [][]string }
+
+func ownershipOf(parent *unstructured.Unstructured) ownership {
+	var o ownership
 	for _, mf := range parent.GetManagedFields() {
-		if mf.Manager != manager || mf.Subresource != "status" || mf.Operation != metav1.ManagedFieldsOperationApply || mf.FieldsV1 == nil {
+		if mf.Subresource != "status" || mf.Operation != metav1.ManagedFieldsOperationApply || mf.FieldsV1 == nil {
+			continue
+		}
+		var owned *[][]string
+		switch mf.Manager {
+		case FieldManager:
+			owned = &o.counts
+		case TotalsFieldManager:
+			owned = &o.totals
+		default:
 			continue
 		}
 		var set map[string]any
 		if json.Unmarshal(mf.FieldsV1.GetRawBytes(), &set) != nil {
 			continue
 		}
-		leaves(set, nil, func(path []string) { out = append(out, path) })
+		leaves(set, nil, func(path []string) { *owned = append(*owned, path) })
 	}
-	return out
+	return o
 }
 
 // leaves calls leaf with the path of every field of a managed fields set
@@ -113,11 +126,10 @@ func (r *Reconciler) countPaths() [][]string {
 // of parent (the single-manager layout's history, mapped now or not) that
 // TotalsFieldManager does not own too: history an apply of the counts
 // would remove.
-func (r *Reconciler) countsHoldHistory(parent *unstructured.Unstructured) bool {
+func (r *Reconciler) countsHoldHistory(parent *unstructured.Unstructured, own ownership) bool {
 	mapped := r.mappedHistory()
-	kept := ownedPaths(parent, TotalsFieldManager)
-	for _, field := range ownedPaths(parent, FieldManager) {
-		if within(field, kept) {
+	for _, field := range own.counts {
+		if within(field, own.totals) {
 			continue
 		}
 		if within(field, mapped) {
@@ -137,7 +149,7 @@ func (r *Reconciler) countsHoldHistory(parent *unstructured.Unstructured) bool {
 // another path than the kind's ledger are returned apart (old), to be
 // merged into the book and left out; without, the totals and ledger mapped
 // now are kept too, as they are (a hand-over that writes no new value).
-func (r *Reconciler) history(parent *unstructured.Unstructured, merge bool) (keep map[string]any, old [][]string) {
+func (r *Reconciler) history(parent *unstructured.Unstructured, own ownership, merge bool) (keep map[string]any, old [][]string) {
 	keep = map[string]any{}
 	take := func(field []string) {
 		if v, found, _ := unstructured.NestedFieldNoCopy(parent.Object, field...); found {
@@ -145,7 +157,7 @@ func (r *Reconciler) history(parent *unstructured.Unstructured, merge bool) (kee
 		}
 	}
 	mapped := r.mappedHistory()
-	for _, field := range ownedPaths(parent, TotalsFieldManager) {
+	for _, field := range own.totals {
 		if within(field, mapped) {
 			if !merge {
 				take(field)
@@ -160,9 +172,9 @@ func (r *Reconciler) history(parent *unstructured.Unstructured, merge bool) (kee
 		}
 		take(field)
 	}
-	if r.countsHoldHistory(parent) {
+	if r.countsHoldHistory(parent, own) {
 		counts := r.countPaths()
-		for _, field := range ownedPaths(parent, FieldManager) {
+		for _, field := range own.counts {
 			if !within(field, counts) {
 				take(field)
 			}

@@ -73,8 +73,9 @@ func TestHistory(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := reconcilerFor(tt.counts, tt.ledger)
 			parent := parentWith(status, tt.owners)
-			assert.Equal(t, tt.wantHandOff, r.countsHoldHistory(parent))
-			keep, old := r.history(parent, tt.merge)
+			own := ownershipOf(parent)
+			assert.Equal(t, tt.wantHandOff, r.countsHoldHistory(parent, own))
+			keep, old := r.history(parent, own, tt.merge)
 			assert.Equal(t, tt.wantKeep, keep)
 			assert.Equal(t, tt.wantOld, old)
 		})

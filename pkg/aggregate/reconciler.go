@@ -127,6 +127,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, err
 		}
 		counted.forget(key)
+		if r.Deps.reconciled != nil {
+			r.Deps.reconciled.forget(key)
+		}
 		return r.releaseOrphans(ctx, req.NamespacedName, "")
 	}
 	if result, err := r.releaseOrphans(ctx, req.NamespacedName, parent.GetUID()); err != nil || result.RequeueAfter > 0 {
@@ -142,8 +145,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// manager holds is handed over before the counts' apply would
 		// remove it. Pods carrying the finalizer although the kind keeps
 		// no totals are released after the counts.
-		if r.countsHoldHistory(parent) {
-			if result, err := r.applyTotals(ctx, parent, nil); err != nil || result.RequeueAfter > 0 {
+		if own := ownershipOf(parent); r.countsHoldHistory(parent, own) {
+			if result, err := r.applyTotals(ctx, parent, own, nil); err != nil || result.RequeueAfter > 0 {
 				return result, err
 			}
 		}

@@ -39,9 +39,10 @@ func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstr
 // of book, with the history that apply must keep (Reconciler.history): the
 // other fields that manager owns, and those the counts' manager hands over.
 // A nil book writes no new value: it hands the history over, values
-// unchanged, before an apply of the counts would remove it.
-func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstructured, book *Book) (reconcile.Result, error) {
-	values, _ := r.history(parent, book != nil)
+// unchanged, before an apply of the counts would remove it. own is what
+// parent's managed fields say each manager owns.
+func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstructured, own ownership, book *Book) (reconcile.Result, error) {
+	values, _ := r.history(parent, own, book != nil)
 	if book != nil {
 		for _, f := range r.totals {
 			values[strings.Join(f.Path, ".")] = book.Get(f.Count)

@@ -28,8 +28,9 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 	// remove them while the counts' manager still owns them (an
 	// installation of the single-manager layout): they are handed over
 	// first.
-	if r.countsHoldHistory(parent) {
-		if result, err := r.applyTotals(ctx, parent, nil); err != nil || result.RequeueAfter > 0 {
+	own := ownershipOf(parent)
+	if r.countsHoldHistory(parent, own) {
+		if result, err := r.applyTotals(ctx, parent, own, nil); err != nil || result.RequeueAfter > 0 {
 			return result, err
 		}
 	}
@@ -48,7 +49,7 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 	}
 	// A ledger renamed: its UIDs move into the one mapped now, and the old
 	// one goes in the same apply.
-	_, old := r.history(parent, true)
+	_, old := r.history(parent, own, true)
 	if err := mergeLedgers(parent.Object, &book, old); err != nil {
 		r.reportLedger(parent, err)
 		return reconcile.Result{}, fmt.Errorf("reading an earlier ledger of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
@@ -61,7 +62,7 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
 	if len(old) > 0 || !step.Book.Equal(&book) {
-		if result, err := r.applyTotals(ctx, parent, &step.Book); err != nil || result.RequeueAfter > 0 {
+		if result, err := r.applyTotals(ctx, parent, own, &step.Book); err != nil || result.RequeueAfter > 0 {
 			// The ledger holding the pods to release is not written.
 			return result, err
 		}

@@ -109,6 +109,10 @@ type reconciledParents struct{ m sync.Map }
 
 func (r *reconciledParents) add(k parentKey) { r.m.Store(k, struct{}{}) }
 
+// forget drops a parent that is gone, so that the set holds only parents
+// that exist.
+func (r *reconciledParents) forget(k parentKey) { r.m.Delete(k) }
+
 func (r *reconciledParents) has(k parentKey) bool {
 	_, ok := r.m.Load(k)
 	return ok
