@@ -2,7 +2,6 @@ package mutate
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	jsonpatch "github.com/evanphx/json-patch/v5"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -358,14 +356,7 @@ func applyDecision(t *testing.T, pod *PodMeta, d Decision) *PodMeta {
 	if len(d.Patch) == 0 {
 		return pod
 	}
-	raw, err := json.Marshal(podFrom(pod))
-	require.NoError(t, err)
-	patch, err := jsonpatch.DecodePatch(AppendPatch(nil, d.Patch))
-	require.NoError(t, err)
-	raw, err = patch.Apply(raw)
-	require.NoError(t, err)
-	var out corev1.Pod
-	require.NoError(t, json.Unmarshal(raw, &out))
+	out := patched(t, podFrom(pod), d)
 	got := &PodMeta{Namespace: pod.Namespace, ResourceVersion: pod.ResourceVersion, Labels: out.Labels, Annotations: out.Annotations,
 		OwnerReferences: out.OwnerReferences, Finalizers: out.Finalizers, DeletionTimestamp: pod.DeletionTimestamp}
 	return got

@@ -481,6 +481,13 @@ func admit(t *testing.T, m *Mutator, op Operation, pod, old *corev1.Pod) (Decisi
 		in.Old, in.OldPhase = meta(t, old), old.Status.Phase
 	}
 	d := m.Decide(context.Background(), in)
+	return d, patched(t, pod, d)
+}
+
+// patched returns pod with d's patch applied to its JSON, with the same
+// JSON patch implementation the API server uses.
+func patched(t *testing.T, pod *corev1.Pod, d Decision) *corev1.Pod {
+	t.Helper()
 	raw, err := json.Marshal(pod)
 	require.NoError(t, err)
 	if len(d.Patch) > 0 {
@@ -491,5 +498,5 @@ func admit(t *testing.T, m *Mutator, op Operation, pod, old *corev1.Pod) (Decisi
 	}
 	var out corev1.Pod
 	require.NoError(t, json.Unmarshal(raw, &out))
-	return d, &out
+	return &out
 }

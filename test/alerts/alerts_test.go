@@ -54,18 +54,7 @@ type alertTests struct {
 // on one series and stay quiet on a healthy one; every alert has its
 // runbook section in docs/operating.md.
 func TestAlertRules(t *testing.T) {
-	groups, err := framework.AlertRules()
-	require.NoError(t, err)
-	rules, err := yaml.Marshal(map[string]any{"groups": groups})
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644))
-	testFile, err := os.ReadFile(repo.Path("test", "alerts", "testdata", "alerts_test.yaml"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), testFile, 0o644))
-
-	runPromtool(t, dir, "check", "rules", "rules.yaml")
-	runPromtool(t, dir, "test", "rules", "alerts_test.yaml")
+	groups, testFile := promtoolTest(t, "alerts_test.yaml")
 
 	var tests alertTests
 	require.NoError(t, yaml.Unmarshal(testFile, &tests))
@@ -122,14 +111,24 @@ func TestDashboardQueries(t *testing.T) {
 // on the rules rendered with aggregator.leaderElect=false: TallyAggregatorNoLeader
 // reads a series every running aggregator exposes from its start.
 func TestAlertsWithoutLeaderElection(t *testing.T) {
-	groups, err := framework.AlertRules("aggregator.leaderElect=false")
+	promtoolTest(t, "without_leader_election_test.yaml", "aggregator.leaderElect=false")
+}
+
+// promtoolTest renders the chart's alerts with the --set values set, checks
+// them with promtool and runs the rule unit tests of testdata/name on them;
+// it returns the rules' groups and the tests file.
+func promtoolTest(t *testing.T, name string, set ...string) ([]framework.RuleGroup, []byte) {
+	t.Helper()
+	groups, err := framework.AlertRules(set...)
 	require.NoError(t, err)
 	rules, err := yaml.Marshal(map[string]any{"groups": groups})
 	require.NoError(t, err)
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644))
-	testFile, err := os.ReadFile(repo.Path("test", "alerts", "testdata", "without_leader_election_test.yaml"))
+	testFile, err := os.ReadFile(repo.Path("test", "alerts", "testdata", name))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), testFile, 0o644))
+	runPromtool(t, dir, "check", "rules", "rules.yaml")
 	runPromtool(t, dir, "test", "rules", "alerts_test.yaml")
+	return groups, testFile
 }
