@@ -151,32 +151,33 @@ func (r *Reconciler) countsHoldHistory(parent *unstructured.Unstructured, own ow
 // now are kept too, as they are (a hand-over that writes no new value).
 func (r *Reconciler) history(parent *unstructured.Unstructured, own ownership, merge bool) (keep map[string]any, old [][]string) {
 	keep = map[string]any{}
-	take := func(field []string) {
+	mapped := r.mappedHistory()
+	consider := func(field []string) {
+		if within(field, mapped) && merge {
+			// The apply writes it from the book; a value kept here too
+			// would overwrite part of it (a ledger's list).
+			return
+		}
+		if ledger, ok := ledgerAt(parent.Object, field); ok && merge && !within(field, mapped) {
+			if !slices.ContainsFunc(old, func(p []string) bool { return slices.Equal(p, ledger) }) {
+				old = append(old, ledger)
+			}
+			return
+		}
 		if v, found, _ := unstructured.NestedFieldNoCopy(parent.Object, field...); found {
 			keep[joinPath(field)] = v
 		}
 	}
-	mapped := r.mappedHistory()
 	for _, field := range own.totals {
-		if within(field, mapped) {
-			if !merge {
-				take(field)
-			}
-			continue
-		}
-		if ledger, ok := ledgerAt(parent.Object, field); ok && merge {
-			if !slices.ContainsFunc(old, func(p []string) bool { return slices.Equal(p, ledger) }) {
-				old = append(old, ledger)
-			}
-			continue
-		}
-		take(field)
+		consider(field)
 	}
+	// own may have been read before this reconcile handed the counts'
+	// history over: the same rules hold for it.
 	if r.countsHoldHistory(parent, own) {
 		counts := r.countPaths()
 		for _, field := range own.counts {
 			if !within(field, counts) {
-				take(field)
+				consider(field)
 			}
 		}
 	}

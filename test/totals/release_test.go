@@ -293,10 +293,15 @@ func TestHistorySurvivesUpgradeRollbackAndOptOut(t *testing.T) {
 
 	agg := startAggregator(t, "aggregator", withTotals, "")
 	require.NoError(t, finish(ctx, pods[0], failed, false))
-	require.Eventually(t, func() bool {
-		c, u, l := totals(t, ns, "pool")
+	var c, u int64
+	var l int
+	if !assert.Eventually(t, func() bool {
+		c, u, l = totals(t, ns, "pool")
 		return c == 5 && u == 8 && l == 0
-	}, 30*time.Second, 100*time.Millisecond, "the totals go on from the previous layout's")
+	}, 30*time.Second, 100*time.Millisecond) {
+		require.FailNow(t, fmt.Sprintf("the totals go on from the previous layout's: completed %d, unexpected %d, %d in the ledger; status managers %v",
+			c, u, l, managers(t, ns, "pool")))
+	}
 	owned := managers(t, ns, "pool")
 	assert.NotContains(t, owned[aggregate.FieldManager], "Total", "the counts' manager owns no total any more: %v", owned)
 	assert.NotContains(t, owned[aggregate.FieldManager], "tallyLedger")
@@ -308,7 +313,7 @@ func TestHistorySurvivesUpgradeRollbackAndOptOut(t *testing.T) {
 	applyStatus(t, ns, "pool", aggregate.FieldManager, map[string]any{
 		"completing": int64(0), "completed": int64(0), "active": int64(7), "unexpected": int64(1),
 	})
-	c, u, _ := totals(t, ns, "pool")
+	c, u, _ = totals(t, ns, "pool")
 	assert.Equal(t, [2]int64{5, 8}, [2]int64{c, u}, "the rolled-back release's apply keeps the totals")
 
 	// Opt out: the totals stay, the pods lose the finalizer, the counts
