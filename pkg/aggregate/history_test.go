@@ -96,3 +96,18 @@ func TestMergeLedgers(t *testing.T) {
 	require.NoError(t, mergeLedgers(obj, &book, [][]string{{"status", "old"}}))
 	assert.Equal(t, Book{Completed: []types.UID{"a", "b"}, Unexpected: []types.UID{"c"}, CompletedTotal: 4}, book, "each UID once")
 }
+
+func TestOverlapping(t *testing.T) {
+	tests := []struct {
+		values map[string]any
+		want   bool
+	}{
+		{map[string]any{"status.a": 1, "status.a-b": 2, "status.ab": 3}, false},
+		{map[string]any{"status.a": 1, "status.a-b": 2, "status.a.c": 3}, true},
+		{map[string]any{"status.tallyLedger": 1, "status.tallyLedger.completed": 2}, true},
+	}
+	for _, tt := range tests {
+		_, _, got := overlapping(tt.values)
+		assert.Equal(t, tt.want, got, "%v", tt.values)
+	}
+}

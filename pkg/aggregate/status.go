@@ -102,6 +102,10 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 			"name": parent.GetName(), "namespace": parent.GetNamespace(), "resourceVersion": parent.GetResourceVersion(),
 		},
 	}}
+	if a, b, ok := overlapping(values); ok {
+		// One would overwrite part of the other, whichever is set last.
+		return reconcile.Result{}, fmt.Errorf("building status of %s %s: %s and %s overlap", r.kind, key, a, b)
+	}
 	for path, v := range values {
 		if err := unstructured.SetNestedField(obj.Object, v, strings.Split(path, ".")...); err != nil {
 			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
@@ -134,6 +138,19 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 	}
 	r.failed.Inc()
 	return reconcile.Result{}, fmt.Errorf("applying status of %s %s: %w", r.kind, key, err)
+}
+
+// overlapping returns two paths of values one of which lies within the
+// other.
+func overlapping(values map[string]any) (string, string, bool) {
+	for a := range values {
+		for b := range values {
+			if strings.HasPrefix(b, a+".") {
+				return a, b, true
+			}
+		}
+	}
+	return "", "", false
 }
 
 // notFound handles a 404 answer to an apply: nothing to do when the parent
