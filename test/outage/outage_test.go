@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -156,10 +157,16 @@ func proxied(t *testing.T) (*framework.Proxy, *rest.Config) {
 
 // podWatchBreaker fails the pod list and watch requests of the transport it
 // wraps while broken, and ends the pod watches open when it breaks: the pod
-// watch broken while the API server answers everything else.
+// watch broken while the API server answers everything else. With expire,
+// a watch resumed from a resourceVersion is answered 410 Gone (the version
+// is too old, as after a long enough cut), so the reflector relists; with
+// delay, a relist (a LIST, or a watch-list stream) is answered at once but
+// its body comes delay later.
 type podWatchBreaker struct {
 	mu      sync.Mutex
 	broken  bool
+	expire  bool
+	delay   time.Duration
 	watches []io.Closer
 }
 
@@ -170,13 +177,25 @@ func (b *podWatchBreaker) wrap(cfg *rest.Config) {
 				return rt.RoundTrip(req)
 			}
 			b.mu.Lock()
-			broken := b.broken
+			broken, expire, delay := b.broken, b.expire, b.delay
 			b.mu.Unlock()
-			if broken {
+			q := req.URL.Query()
+			watching := q.Get("watch") == "true"
+			relist := !watching || q.Get("sendInitialEvents") == "true"
+			switch {
+			case broken:
 				return nil, errors.New("pod watch broken by the test")
+			case expire && watching && !relist && q.Get("resourceVersion") != "":
+				return gone(req), nil
 			}
 			resp, err := rt.RoundTrip(req)
-			if err == nil && req.URL.Query().Get("watch") == "true" {
+			if err != nil {
+				return resp, err
+			}
+			if relist && delay > 0 {
+				resp.Body = &delayedBody{ReadCloser: resp.Body, until: time.Now().Add(delay)}
+			}
+			if watching {
 				b.mu.Lock()
 				b.watches = append(b.watches, resp.Body)
 				b.mu.Unlock()
@@ -196,6 +215,37 @@ func (b *podWatchBreaker) set(broken bool) {
 		}
 		b.watches = nil
 	}
+}
+
+// slowRelists makes the next relists come delay after their headers, and
+// resumed watches expire.
+func (b *podWatchBreaker) slowRelists(delay time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expire, b.delay = true, delay
+}
+
+// gone is the API server's answer to a watch from a resourceVersion it no
+// longer has.
+func gone(req *http.Request) *http.Response {
+	body := `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version (expired by the test)","reason":"Expired","code":410}`
+	return &http.Response{
+		StatusCode: http.StatusGone, Status: "410 Gone", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:  http.Header{"Content-Type": []string{"application/json"}},
+		Body:    io.NopCloser(strings.NewReader(body)),
+		Request: req, ContentLength: int64(len(body)),
+	}
+}
+
+// delayedBody holds its first read until until.
+type delayedBody struct {
+	io.ReadCloser
+	until time.Time
+}
+
+func (d *delayedBody) Read(p []byte) (int, error) {
+	time.Sleep(time.Until(d.until))
+	return d.ReadCloser.Read(p)
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)
@@ -299,6 +349,51 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 	i := slices.Index(values, 99)
 	require.GreaterOrEqual(t, i, 0, "%v", values)
 	assert.NotContains(t, values[i:], int64(0), "a stale count was written after the parent event: %v", values)
+}
+
+// TestNoWriteUntilTheRelistIsDelivered: after a cut long enough that the
+// pod watch cannot resume (410 Gone), the relist is answered at once but
+// its events come 10 s later. A parent event meanwhile is not answered
+// with counts from the pods as they were before the cut: the view is fresh
+// only once the relist is in the cache, not on its response's headers.
+func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
+	ctx := context.Background()
+	ns, pods := createPool(t, 6)
+	cfg := rest.CopyConfig(env.Config)
+	var breaker podWatchBreaker
+	breaker.wrap(cfg)
+	aggCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(aggCtx, workerPools, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2})
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
+	seen := watchCompleting(t, ns)
+
+	breaker.set(true)
+	require.Eventually(t, func() bool { return staleSeconds(t) > 0 }, 10*time.Second, 50*time.Millisecond, "the broken pod watch is not noticed")
+	markIntent(t, pods[:3])
+	const delay = 10 * time.Second
+	breaker.slowRelists(delay)
+	breaker.set(false)
+	reconnected := time.Now()
+	time.Sleep(2 * time.Second)
+	// A parent event while the relist's events are on their way.
+	pool := operator.Pool(ns, "pool", 6)
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
+	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(99), "status", "completing"))
+	require.NoError(t, env.Client.Status().Update(ctx, pool))
+	time.Sleep(4 * time.Second)
+	assert.Equal(t, int64(99), completing(t, ns), "written from the pods as they were before the cut, before the relist was delivered")
+	assert.Positive(t, staleSeconds(t), "the view counts as fresh before the relist was delivered")
+
+	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, delay+30*time.Second, 50*time.Millisecond)
+	t.Logf("relist answered at once, its events %s later: counts right %s after the reconnection", delay, time.Since(reconnected).Round(10*time.Millisecond))
+	values := seen()
+	i := slices.Index(values, 99)
+	require.GreaterOrEqual(t, i, 0, "%v", values)
+	assert.NotContains(t, values[i:], int64(0), "a count from before the cut was written after the parent event: %v", values)
 }
 
 // TestRecoversInSeconds: the API server unreachable (a cut proxy: every

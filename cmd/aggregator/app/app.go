@@ -11,6 +11,7 @@ import (
 	"os"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -212,6 +213,15 @@ func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, o
 	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggOpts); err != nil {
 		return err
 	}
+	inf, err := mgr.GetCache().GetInformer(ctx, &corev1.Pod{})
+	if err != nil {
+		return fmt.Errorf("getting the pod informer: %w", err)
+	}
+	pods, ok := inf.(podInformer)
+	if !ok {
+		return fmt.Errorf("the pod informer (%T) does not tell what it synced", inf)
+	}
+	watch.attach(pods)
 	synced, err := command.CachesSynced(mgr)
 	if err != nil {
 		return err

@@ -3,12 +3,14 @@ package app
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"tally.dev/tally/pkg/aggregate"
@@ -25,12 +27,14 @@ var podSelector = aggregate.PodSelector().String()
 // is a 200 response that ends at once.
 const watchSettle = time.Second
 
-// watchMonitor tells how long the pod watch has not been delivering: from
-// the moment a pod watch ends or cannot be opened (an API server restart,
-// a network cut) until a list succeeds or a new watch stays open. client-go
-// retries silently meanwhile (and backs off for up to half a minute after a
-// long outage), so without it the counts are stale with nothing to show
-// for it. It observes the aggregator's own requests through its transport.
+// watchMonitor tells how long the pod view has been stale: from the moment
+// a pod watch ends or cannot be opened (an API server restart, a network
+// cut) until what the API server sent since has been delivered to the
+// cache the reconcilers read. client-go retries silently meanwhile (and
+// backs off for up to half a minute after a long outage), so without it the
+// counts are stale with nothing to show for it. It observes the
+// aggregator's own requests through its transport, and the pod informer
+// through client-go's own signals (delivered).
 type watchMonitor struct {
 	log logr.Logger
 	mu  sync.Mutex
@@ -44,6 +48,26 @@ type watchMonitor struct {
 	// 429 Too Many Requests: the API server's back-pressure (API Priority
 	// and Fairness), which every replica meets alike.
 	throttled bool
+	// informer is the running manager's pod informer (attach).
+	informer podInformer
+	// relisting is set once a relist (a LIST, or a watch-list: a watch with
+	// sendInitialEvents) was sent since the watch broke, with what the
+	// reflector had synced (relistFrom) when it was sent.
+	relisting  bool
+	relistFrom string
+	// settled is set once a watch resumed from the reflector's last
+	// resourceVersion stayed open for watchSettle since the watch broke.
+	settled bool
+}
+
+// podInformer is what the monitor reads of the pod informer: the
+// resourceVersion its reflector last synced (set once a relist's result, or
+// a watch event, is in the informer's queue) and its indexer's (set once
+// that is delivered to the cache the reconcilers read; client-go's
+// AtomicFIFO, on by default since 1.36, delivers a relist as one replace).
+type podInformer interface {
+	LastSyncResourceVersion() string
+	GetIndexer() toolscache.Indexer
 }
 
 func newWatchMonitor(log logr.Logger) *watchMonitor {
@@ -57,7 +81,14 @@ func (m *watchMonitor) wrap(cfg *rest.Config) {
 			if req.URL.Path != podWatchPath || req.URL.Query().Get("labelSelector") != podSelector {
 				return rt.RoundTrip(req)
 			}
-			watching := req.URL.Query().Get("watch") == "true"
+			query := req.URL.Query()
+			watching := query.Get("watch") == "true"
+			// A relist: a first page of a LIST, or a watch-list stream (its
+			// initial events, then the initial-events-end bookmark).
+			relist := (!watching && query.Get("continue") == "") || (watching && query.Get("sendInitialEvents") == "true")
+			if relist {
+				m.relist()
+			}
 			resp, err := rt.RoundTrip(req)
 			switch {
 			case err != nil && req.Context().Err() == nil:
@@ -67,21 +98,50 @@ func (m *watchMonitor) wrap(cfg *rest.Config) {
 				m.throttle(resp.Status)
 			case resp.StatusCode != http.StatusOK:
 				m.broken(resp.Status)
-			case !watching:
-				m.healthy()
-			default:
-				resp.Body = m.watchStream(req, resp.Body)
+			case watching:
+				resp.Body = m.watchStream(req, resp.Body, !relist)
 			}
 			return resp, err
 		})
 	})
 }
 
-// watchStream marks the watch healthy once it stayed open for watchSettle,
-// and broken when it ends (while its request was not cancelled) and no new
-// watch is opened soon after: the API server ends every watch after a few
-// minutes, and client-go opens the next one at once.
-func (m *watchMonitor) watchStream(req *http.Request, body io.ReadCloser) io.ReadCloser {
+// attach makes the monitor read inf, the pod informer of the manager about
+// to start. Its first list is a relist: the view is not fresh again before
+// it is delivered.
+func (m *watchMonitor) attach(inf podInformer) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.informer = inf
+	m.relisting, m.relistFrom = false, ""
+}
+
+// relist records that a relist was sent, with what the reflector had synced
+// then: the view is fresh once the reflector synced something else and the
+// indexer holds it too.
+func (m *watchMonitor) relist() {
+	m.mu.Lock()
+	inf := m.informer
+	m.mu.Unlock()
+	from := ""
+	if inf != nil {
+		from = inf.LastSyncResourceVersion()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.relisting, m.relistFrom = true, from
+}
+
+// watchStream follows a pod watch: a watch resumed from the reflector's
+// last resourceVersion (resumed) counts as settled once it stayed open for
+// watchSettle (the API server replays every event after that version
+// before anything newer, or answers 410 Gone and the reflector relists); a
+// watch-list stream never settles by time, it is a relist (delivered). The
+// watch counts as broken when it ends (while its request was not
+// cancelled) and no new watch is opened soon after: the API server ends
+// every watch after a few minutes, and client-go opens the next one at
+// once.
+func (m *watchMonitor) watchStream(req *http.Request, body io.ReadCloser, resumed bool) io.ReadCloser {
 	m.mu.Lock()
 	m.stream++
 	stream := m.stream
@@ -105,18 +165,19 @@ func (m *watchMonitor) watchStream(req *http.Request, body io.ReadCloser) io.Rea
 			})
 		})
 	}
-	go func() {
-		select {
-		case <-ended:
-		case <-time.After(watchSettle):
-			m.mu.Lock()
-			current := stream == m.stream
-			m.mu.Unlock()
-			if current {
-				m.healthy()
+	if resumed {
+		go func() {
+			select {
+			case <-ended:
+			case <-time.After(watchSettle):
+				m.mu.Lock()
+				if stream == m.stream {
+					m.settled = true
+				}
+				m.mu.Unlock()
 			}
-		}
-	}()
+		}()
+	}
 	return &observedBody{ReadCloser: body, end: end}
 }
 
@@ -134,7 +195,9 @@ func (m *watchMonitor) throttle(reason string) {
 func (m *watchMonitor) brokenAt(t time.Time, reason string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.throttled = false
+	// What recovered before this break, or was sent before it, does not
+	// count.
+	m.throttled, m.settled, m.relisting = false, false, false
 	if !m.brokenSince.IsZero() {
 		return
 	}
@@ -150,29 +213,62 @@ func (m *watchMonitor) isThrottled() bool {
 	return m.throttled && !m.brokenSince.IsZero()
 }
 
-func (m *watchMonitor) healthy() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.throttled = false
-	if m.brokenSince.IsZero() {
-		return
-	}
-	m.log.Info("Pod watch delivering again", "staleFor", time.Since(m.brokenSince).Round(time.Millisecond).String())
-	m.brokenSince = time.Time{}
-}
-
 // fresh reports whether the pod view is not known to be stale: the pod
 // watch delivers, or has not been seen broken since it last did.
 func (m *watchMonitor) fresh() bool { return m.stale() == 0 }
 
-// stale returns how long the pod watch has not been delivering.
+// stale returns how long the pod view has been stale: since the pod watch
+// broke, until what was listed or watched since has been delivered.
 func (m *watchMonitor) stale() time.Duration {
+	m.mu.Lock()
+	inf := m.informer
+	m.mu.Unlock()
+	var synced, stored string
+	if inf != nil {
+		// Read apart from m.mu: the informer takes its own locks.
+		synced, stored = inf.LastSyncResourceVersion(), inf.GetIndexer().LastStoreSyncResourceVersion()
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.brokenSince.IsZero() {
 		return 0
 	}
+	if inf != nil && inf == m.informer && m.delivered(synced, stored) {
+		m.log.Info("Pod watch delivering again", "staleFor", time.Since(m.brokenSince).Round(time.Millisecond).String())
+		m.brokenSince, m.throttled, m.settled, m.relisting = time.Time{}, false, false, false
+		return 0
+	}
 	return time.Since(m.brokenSince)
+}
+
+// delivered reports, from what the reflector synced and what its indexer
+// holds, whether the view is fresh again since the watch broke: the
+// indexer holds every event the reflector synced, and either a relist sent
+// since then was synced (the reflector's resourceVersion moved on from what
+// it was when the relist was sent: a LIST's or the initial-events-end
+// bookmark's), or a resumed watch settled. An indexer that tells nothing
+// (AtomicFIFO turned off) leaves the reflector's word alone.
+func (m *watchMonitor) delivered(synced, stored string) bool {
+	if synced == "" || (stored != "" && !atLeast(stored, synced)) {
+		return false
+	}
+	if m.relisting {
+		return synced != m.relistFrom
+	}
+	return m.settled
+}
+
+// atLeast reports whether resourceVersion a is b or newer. Resource
+// versions are opaque to clients but, from one API server and one
+// resource, ordered integers (client-go's store metrics read them so);
+// anything else compares by equality.
+func atLeast(a, b string) bool {
+	x, errA := strconv.ParseUint(a, 10, 64)
+	y, errB := strconv.ParseUint(b, 10, 64)
+	if errA != nil || errB != nil {
+		return a == b
+	}
+	return x >= y
 }
 
 // observedBody calls end when the stream ends, by error or close.
@@ -207,7 +303,7 @@ var podWatchStale = struct {
 func init() {
 	metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tally_aggregator_pod_watch_stale_seconds",
-		Help: "How long the pod watch has not been delivering (it ended or cannot be opened, and no list or new watch succeeded since); 0 while it is healthy. Counts written meanwhile may be stale.",
+		Help: "How long the pod view has been stale: from when the pod watch ended or could not be opened until what was listed or watched since is in the cache; 0 while fresh. No status is written meanwhile.",
 	}, func() float64 {
 		podWatchStale.Lock()
 		defer podWatchStale.Unlock()

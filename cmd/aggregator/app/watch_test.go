@@ -1,0 +1,147 @@
+package app
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+)
+
+// fakeInformer is a pod informer whose reflector and indexer have synced
+// what the test says.
+type fakeInformer struct {
+	mu             sync.Mutex
+	synced, stored string
+}
+
+func (f *fakeInformer) set(synced, stored string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.synced, f.stored = synced, stored
+}
+
+func (f *fakeInformer) LastSyncResourceVersion() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.synced
+}
+
+func (f *fakeInformer) GetIndexer() toolscache.Indexer { return fakeIndexer{f} }
+
+type fakeIndexer struct{ f *fakeInformer }
+
+func (i fakeIndexer) LastStoreSyncResourceVersion() string {
+	i.f.mu.Lock()
+	defer i.f.mu.Unlock()
+	return i.f.stored
+}
+
+// The rest of toolscache.Indexer is not called.
+func (fakeIndexer) Add(any) error                              { panic("not called") }
+func (fakeIndexer) Update(any) error                           { panic("not called") }
+func (fakeIndexer) Delete(any) error                           { panic("not called") }
+func (fakeIndexer) List() []any                                { panic("not called") }
+func (fakeIndexer) ListKeys() []string                         { panic("not called") }
+func (fakeIndexer) Get(any) (any, bool, error)                 { panic("not called") }
+func (fakeIndexer) GetByKey(string) (any, bool, error)         { panic("not called") }
+func (fakeIndexer) Replace([]any, string) error                { panic("not called") }
+func (fakeIndexer) Resync() error                              { panic("not called") }
+func (fakeIndexer) Index(string, any) ([]any, error)           { panic("not called") }
+func (fakeIndexer) IndexKeys(string, string) ([]string, error) { panic("not called") }
+func (fakeIndexer) ListIndexFuncValues(string) []string        { panic("not called") }
+func (fakeIndexer) ByIndex(string, string) ([]any, error)      { panic("not called") }
+func (fakeIndexer) GetIndexers() toolscache.Indexers           { panic("not called") }
+func (fakeIndexer) AddIndexers(toolscache.Indexers) error      { panic("not called") }
+func (fakeIndexer) Bookmark(string)                            { panic("not called") }
+func (fakeIndexer) Transaction(...toolscache.Transaction) *toolscache.TransactionError {
+	panic("not called")
+}
+
+// TestFreshMeansDelivered: after the pod watch broke, the view is fresh
+// again only once what the API server sent since is in the cache: a relist
+// (a LIST, or a watch-list stream) once the reflector synced its result and
+// the indexer holds it; a resumed watch once it stayed open and the
+// indexer holds every event the reflector synced. A LIST's headers, or a
+// stream that stays open, are not enough.
+func TestFreshMeansDelivered(t *testing.T) {
+	// step: what the informer has synced and stored, and whether the view
+	// is fresh then.
+	type step struct {
+		synced, stored string
+		fresh          bool
+	}
+	tests := []struct {
+		name  string
+		query string
+		steps []step
+	}{
+		{name: "LIST", query: "", steps: []step{
+			{"10", "10", false}, // answered, read to the end, not synced
+			{"20", "10", false}, // synced, not delivered
+			{"20", "20", true},
+		}},
+		{name: "watch-list", query: "&watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", steps: []step{
+			{"10", "10", false}, // the stream open for longer than watchSettle
+			{"20", "10", false}, // the initial-events-end bookmark synced
+			{"20", "20", true},
+		}},
+		{name: "resumed watch", query: "&watch=true&resourceVersion=10", steps: []step{
+			{"15", "10", false}, // open, an event synced, not delivered
+			{"15", "15", true},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusOK)
+				_, _ = w.Write([]byte(`{}`))
+				if r.URL.Query().Get("watch") == "true" {
+					w.(http.Flusher).Flush()
+					<-r.Context().Done()
+				}
+			}))
+			defer api.Close()
+			cfg := &rest.Config{Host: api.URL}
+			inf := &fakeInformer{synced: "10", stored: "10"}
+			watch := newWatchMonitor(logr.Discard())
+			watch.wrap(cfg)
+			watch.attach(inf)
+			require.True(t, watch.fresh())
+			watch.broken("cut by the test")
+			require.False(t, watch.fresh())
+
+			client, err := rest.HTTPClientFor(cfg)
+			require.NoError(t, err)
+			resp, err := client.Get(api.URL + podWatchPath + "?labelSelector=" + url.QueryEscape(podSelector) + tt.query)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			if resp.Request.URL.Query().Get("watch") != "true" {
+				_, err = io.ReadAll(resp.Body)
+				require.NoError(t, err)
+			} else {
+				time.Sleep(watchSettle + 200*time.Millisecond)
+			}
+			for _, s := range tt.steps {
+				inf.set(s.synced, s.stored)
+				assert.Equal(t, s.fresh, watch.fresh(), "synced %s, stored %s", s.synced, s.stored)
+			}
+		})
+	}
+}
+
+func TestAtLeast(t *testing.T) {
+	assert.True(t, atLeast("20", "9"))
+	assert.False(t, atLeast("9", "20"))
+	assert.True(t, atLeast("x", "x"))
+	assert.False(t, atLeast("x", "y"))
+}
