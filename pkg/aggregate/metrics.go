@@ -2,6 +2,7 @@ package aggregate
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,20 +91,61 @@ var (
 	})
 )
 
-// changes tracks, for each parent with an unprocessed change, when its first
-// unprocessed change was seen.
-var changes = newPending()
+// observed is what one manager's controllers feed the process's metrics
+// with: when each parent's first unprocessed change was seen, and each
+// parent's last counts. A manager owns its own (Setup), and the metrics,
+// registered once per process, read the current manager's: a change a
+// stopped manager saw and never picked up (a deposed leader's) is not
+// reported as waiting by the manager started after it.
+type observed struct {
+	changes *pending
+	counted *published
+}
 
-// counted holds each parent's last counts, for their sums by kind.
-var counted = newPublished()
+func newObserved() *observed { return &observed{changes: newPending(), counted: newPublished()} }
+
+// current is the observed of the manager running, or of none (empty).
+var current atomic.Pointer[observed]
+
+// observe makes a new observed current, for a manager about to start, and
+// clears the gauges a previous manager set: what it held and what its
+// sweeps left to stamp.
+func observe() *observed {
+	o := newObserved()
+	current.Store(o)
+	heldPods.Reset()
+	oldestHeldPod.Reset()
+	unstampedPods.Set(0)
+	pendingStamps.Set(0)
+	return o
+}
+
+// forget clears what o reported once its manager stopped, unless another
+// manager's is current already.
+func (o *observed) forget() {
+	if current.Load() == o {
+		observe()
+	}
+}
+
+// currentCounts collects the counts of the current observed.
+type currentCounts struct{}
+
+func (currentCounts) Describe(ch chan<- *prometheus.Desc) {
+	ch <- podsDesc
+	ch <- parentsDesc
+}
+
+func (currentCounts) Collect(ch chan<- prometheus.Metric) { current.Load().counted.Collect(ch) }
 
 func init() {
+	current.Store(newObserved())
 	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, appliesFenced, kindProblems,
-		podsStamped, unstampedPods, pendingStamps, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, heldPods, oldestHeldPod, ledgerLiveLists, ledgerLiveReads, counted,
+		podsStamped, unstampedPods, pendingStamps, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, heldPods, oldestHeldPod, ledgerLiveLists, ledgerLiveReads, currentCounts{},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",
 			Help: "Age of the oldest change to a parent or its pods that no reconcile has picked up yet; 0 when there is none.",
-		}, func() float64 { return changes.oldest(time.Now()).Seconds() }))
+		}, func() float64 { return current.Load().changes.oldest(time.Now()).Seconds() }))
 }
 
 // trackingActions are the values of tally_aggregator_tracking_finalizers_total's

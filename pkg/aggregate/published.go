@@ -14,20 +14,19 @@ import (
 type published struct {
 	mu     sync.Mutex
 	counts map[parentKey]Counts
-
-	pods, parents *prometheus.Desc
 }
 
+var (
+	podsDesc = prometheus.NewDesc("tally_aggregator_pods",
+		"Pods counted, summed over the parents of a kind as their last reconcile counted them, by parent kind and count (completing, completed, active, unexpected).",
+		[]string{"kind", "count"}, nil)
+	parentsDesc = prometheus.NewDesc("tally_aggregator_parents",
+		"Parents reconciled whose counts tally_aggregator_pods sums, by parent kind.",
+		[]string{"kind"}, nil)
+)
+
 func newPublished() *published {
-	return &published{
-		counts: map[parentKey]Counts{},
-		pods: prometheus.NewDesc("tally_aggregator_pods",
-			"Pods counted, summed over the parents of a kind as their last reconcile counted them, by parent kind and count (completing, completed, active, unexpected).",
-			[]string{"kind", "count"}, nil),
-		parents: prometheus.NewDesc("tally_aggregator_parents",
-			"Parents reconciled whose counts tally_aggregator_pods sums, by parent kind.",
-			[]string{"kind"}, nil),
-	}
+	return &published{counts: map[parentKey]Counts{}}
 }
 
 // set records the counts of parent.
@@ -46,8 +45,8 @@ func (p *published) forget(parent parentKey) {
 
 // Describe implements prometheus.Collector.
 func (p *published) Describe(ch chan<- *prometheus.Desc) {
-	ch <- p.pods
-	ch <- p.parents
+	ch <- podsDesc
+	ch <- parentsDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -72,9 +71,9 @@ func (p *published) Collect(ch chan<- prometheus.Metric) {
 	}
 	p.mu.Unlock()
 	for kind, s := range kinds {
-		ch <- prometheus.MustNewConstMetric(p.parents, prometheus.GaugeValue, float64(s.parents), kind)
+		ch <- prometheus.MustNewConstMetric(parentsDesc, prometheus.GaugeValue, float64(s.parents), kind)
 		for _, name := range config.Counts {
-			ch <- prometheus.MustNewConstMetric(p.pods, prometheus.GaugeValue, float64(s.counts.Get(name)), kind, string(name))
+			ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(s.counts.Get(name)), kind, string(name))
 		}
 	}
 }

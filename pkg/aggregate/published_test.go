@@ -3,11 +3,16 @@ package aggregate
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"tally.dev/tally/pkg/config"
 )
 
 func TestPublishedSumsByKind(t *testing.T) {
@@ -41,4 +46,41 @@ tally_aggregator_pods{count="completing",kind="WorkerPool.example.tally.dev"} 2
 tally_aggregator_pods{count="unexpected",kind="WorkerPool.example.tally.dev"} 1
 `
 	require.NoError(t, testutil.CollectAndCompare(p, strings.NewReader(want)))
+}
+
+// TestAStoppedManagersChangesAreNotWaiting: a change a manager saw and
+// never picked up (a deposed leader's) is reported as waiting while that
+// manager runs, and no longer once it stopped and another started: the
+// next manager, a standby, picks up nothing, so the gauge would grow for
+// good.
+func TestAStoppedManagersChangesAreNotWaiting(t *testing.T) {
+	waiting := func() float64 {
+		families, err := metrics.Registry.Gather()
+		require.NoError(t, err)
+		for _, f := range families {
+			if f.GetName() == "tally_aggregator_oldest_unprocessed_change_seconds" {
+				return f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no tally_aggregator_oldest_unprocessed_change_seconds")
+		return 0
+	}
+	deposed := observe()
+	r := reconcilerFor(map[config.Count]string{config.Active: "status.active"}, "")
+	r.observed = deposed
+	r.pendingRequest(types.NamespacedName{Namespace: "ns", Name: "pool"})
+	deposed.changes.since[parentKey{kind: r.gvk.GroupKind(), name: types.NamespacedName{Namespace: "ns", Name: "pool"}}] = time.Now().Add(-time.Minute)
+	require.GreaterOrEqual(t, waiting(), 60.0, "the change is waiting while its manager runs")
+	r.observed.counted.set(parentKey{kind: r.gvk.GroupKind()}, Counts{Active: 2})
+	require.Equal(t, 1, testutil.CollectAndCount(currentCounts{}, "tally_aggregator_parents"))
+
+	deposed.forget()
+	assert.Zero(t, waiting(), "a stopped manager's change is reported as waiting")
+	assert.Zero(t, testutil.CollectAndCount(currentCounts{}), "a stopped manager's counts are published")
+
+	standby := observe()
+	standby.changes.seen(parentKey{kind: r.gvk.GroupKind()}, time.Now().Add(-time.Second))
+	deposed.forget()
+	assert.Positive(t, waiting(), "a stopped manager's forget clears the one running after it")
+	standby.forget()
 }

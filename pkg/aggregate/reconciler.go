@@ -70,6 +70,9 @@ type Deps struct {
 	// totals left as they are, and the pods' finalizers released by
 	// Unrecorded. Nil: always.
 	Totals *servable.Gate
+	// observed is what the reconciles feed the metrics with; a
+	// reconciler of its own when nil.
+	observed *observed
 	// reconciled, when set, records each parent reconciled while this
 	// replica may write: Unrecorded runs the grace of its pods only from
 	// then.
@@ -91,6 +94,9 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	}
 	if parent.Tracked() {
 		initTrackingMetrics(kind)
+	}
+	if deps.observed == nil {
+		deps.observed = newObserved()
 	}
 	return &Reconciler{
 		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(),
@@ -114,7 +120,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, nil
 	}
 	key := parentKey{kind: r.gvk.GroupKind(), name: req.NamespacedName}
-	changes.picked(key)
+	r.observed.changes.picked(key)
 	r.reconciledTotal.Inc()
 	if r.Deps.reconciled != nil && r.mayWrite() {
 		r.Deps.reconciled.add(key)
@@ -126,7 +132,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if !apierrors.IsNotFound(err) {
 			return reconcile.Result{}, err
 		}
-		counted.forget(key)
+		r.observed.counted.forget(key)
 		if r.Deps.reconciled != nil {
 			r.Deps.reconciled.forget(key)
 		}
@@ -139,7 +145,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	counted.set(key, counts)
+	r.observed.counted.set(key, counts)
 	if r.ledger == nil {
 		// A kind that keeps no totals (any more): the history the counts'
 		// manager holds is handed over before the counts' apply would

@@ -35,6 +35,6 @@ func (r *Reconciler) enqueue(pod *Pod) {
 }
 
 func (r *Reconciler) pendingRequest(name types.NamespacedName) []reconcile.Request {
-	changes.seen(parentKey{kind: r.gvk.GroupKind(), name: name}, time.Now())
+	r.observed.changes.seen(parentKey{kind: r.gvk.GroupKind(), name: name}, time.Now())
 	return []reconcile.Request{{NamespacedName: name}}
 }

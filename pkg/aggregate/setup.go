@@ -125,11 +125,19 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 		return err
 	}
 	reconciled := &reconciledParents{}
+	obs := observe()
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		obs.forget()
+		return nil
+	})); err != nil {
+		return err
+	}
 	if err := mgr.Add(NewUnrecorded(parents, gate, indexed.GetIndexer(), mgr.GetCache(), mgr.GetClient(),
 		mgr.GetEventRecorder(FieldManager), opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))); err != nil {
 		return err
 	}
-	k := &kinds{mgr: mgr, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, opts: opts}
+	k := &kinds{mgr: mgr, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, observed: obs, opts: opts}
 	backfill.Unstamped.Notify(k.notify)
 	var pending []config.Parent
 	for _, p := range parents {
@@ -168,6 +176,7 @@ type kinds struct {
 	backfill *Backfill
 	// reconciled records the parents reconciled as leader, for Unrecorded.
 	reconciled *reconciledParents
+	observed   *observed
 	opts       Options
 	// served holds the reconciler of each kind served, by GroupKind.
 	served sync.Map
@@ -193,7 +202,7 @@ func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 	r := NewReconciler(p, Deps{
 		Parents: k.mgr.GetCache(), Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
 		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite,
-		Recorder: k.mgr.GetEventRecorder(FieldManager), Totals: k.gate, reconciled: k.reconciled,
+		Recorder: k.mgr.GetEventRecorder(FieldManager), Totals: k.gate, reconciled: k.reconciled, observed: k.observed,
 	})
 	err := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).
