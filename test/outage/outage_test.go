@@ -22,12 +22,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -168,6 +170,11 @@ type podWatchBreaker struct {
 	expire  bool
 	delay   time.Duration
 	watches []io.Closer
+	// throttled answers the pod list and watch 429 with Retry-After, as API
+	// Priority and Fairness does; answered records when one was answered
+	// 200 after that.
+	throttled bool
+	answered  time.Time
 }
 
 func (b *podWatchBreaker) wrap(cfg *rest.Config) {
@@ -177,7 +184,7 @@ func (b *podWatchBreaker) wrap(cfg *rest.Config) {
 				return rt.RoundTrip(req)
 			}
 			b.mu.Lock()
-			broken, expire, delay := b.broken, b.expire, b.delay
+			broken, expire, delay, throttled := b.broken, b.expire, b.delay, b.throttled
 			b.mu.Unlock()
 			q := req.URL.Query()
 			watching := q.Get("watch") == "true"
@@ -185,6 +192,8 @@ func (b *podWatchBreaker) wrap(cfg *rest.Config) {
 			switch {
 			case broken:
 				return nil, errors.New("pod watch broken by the test")
+			case throttled:
+				return tooMany(req), nil
 			case expire && watching && !relist && q.Get("resourceVersion") != "":
 				return gone(req), nil
 			}
@@ -192,6 +201,11 @@ func (b *podWatchBreaker) wrap(cfg *rest.Config) {
 			if err != nil {
 				return resp, err
 			}
+			b.mu.Lock()
+			if b.answered.IsZero() && resp.StatusCode == http.StatusOK {
+				b.answered = time.Now()
+			}
+			b.mu.Unlock()
 			if relist && delay > 0 {
 				resp.Body = &delayedBody{ReadCloser: resp.Body, until: time.Now().Add(delay)}
 			}
@@ -217,6 +231,30 @@ func (b *podWatchBreaker) set(broken bool) {
 	}
 }
 
+// throttle starts or ends the throttling of the pod list and watch; the
+// watches open are ended when it starts.
+func (b *podWatchBreaker) throttle(on bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.throttled = on
+	if on {
+		for _, w := range b.watches {
+			w.Close()
+		}
+		b.watches = nil
+	} else {
+		b.answered = time.Time{}
+	}
+}
+
+// firstAnswer returns when a pod list or watch was first answered 200 since
+// the throttling ended; zero before.
+func (b *podWatchBreaker) firstAnswer() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.answered
+}
+
 // slowRelists makes the next relists come delay after their headers, and
 // resumed watches expire.
 func (b *podWatchBreaker) slowRelists(delay time.Duration) {
@@ -232,6 +270,17 @@ func gone(req *http.Request) *http.Response {
 	return &http.Response{
 		StatusCode: http.StatusGone, Status: "410 Gone", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header:  http.Header{"Content-Type": []string{"application/json"}},
+		Body:    io.NopCloser(strings.NewReader(body)),
+		Request: req, ContentLength: int64(len(body)),
+	}
+}
+
+// tooMany is API Priority and Fairness' answer to a request it rejects.
+func tooMany(req *http.Request) *http.Response {
+	body := `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too many requests (throttled by the test)","reason":"TooManyRequests","details":{"retryAfterSeconds":1},"code":429}`
+	return &http.Response{
+		StatusCode: http.StatusTooManyRequests, Status: "429 Too Many Requests", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:  http.Header{"Content-Type": []string{"application/json"}, "Retry-After": []string{"1"}},
 		Body:    io.NopCloser(strings.NewReader(body)),
 		Request: req, ContentLength: int64(len(body)),
 	}
@@ -497,4 +546,57 @@ func TestLeaderWithAStaleViewGivesWay(t *testing.T) {
 	t.Logf("leader's pod watch broken: counts right %s later, written by the standby", time.Since(broken).Round(100*time.Millisecond))
 	assert.Contains(t, logs.String(), "giving up the lease")
 	breaker.set(false)
+}
+
+// TestThrottlingIsNotAnOutage: with two replicas, the API server throttles
+// every pod list and watch (429 with Retry-After) for 60 s while it answers
+// everything else: the lease holder does not change (every replica is
+// throttled alike, so none could do better), nothing is written from the
+// view of before, and once the throttling ends the counts are right within
+// seconds of the first pod list or watch answered.
+func TestThrottlingIsNotAnOutage(t *testing.T) {
+	ctx := context.Background()
+	leaseNS, err := env.Namespace(ctx, "lease")
+	require.NoError(t, err)
+	ns, pods := createPool(t, 6)
+	var throttler podWatchBreaker
+	cfgA, cfgB := rest.CopyConfig(env.Config), rest.CopyConfig(env.Config)
+	throttler.wrap(cfgA)
+	throttler.wrap(cfgB)
+	runElected(t, cfgA, leaseNS)
+	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond, "the first replica never led")
+	runElected(t, cfgB, leaseNS)
+	time.Sleep(3 * time.Second) // the standby's caches sync
+	holder := func() string {
+		var lease coordinationv1.Lease
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: leaseNS, Name: "outage"}, &lease))
+		return ptr.Deref(lease.Spec.HolderIdentity, "")
+	}
+	leader := holder()
+	require.NotEmpty(t, leader)
+	seen := watchCompleting(t, ns)
+
+	throttler.throttle(true)
+	markIntent(t, pods[:3])
+	pool := operator.Pool(ns, "pool", 6)
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
+	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(99), "status", "completing"))
+	require.NoError(t, env.Client.Status().Update(ctx, pool))
+	for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+		require.Equal(t, leader, holder(), "the lease changed hands while every replica was throttled alike")
+	}
+	assert.Equal(t, int64(99), completing(t, ns), "written from the pods as they were before the throttling")
+
+	throttler.throttle(false)
+	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 30*time.Second, 50*time.Millisecond)
+	right := time.Now()
+	first := throttler.firstAnswer()
+	require.False(t, first.IsZero())
+	t.Logf("pod list and watch throttled 60s, two replicas: the lease stayed with %s; counts right %s after the first pod list or watch answered", leader, right.Sub(first).Round(10*time.Millisecond))
+	assert.Less(t, right.Sub(first), 15*time.Second, "a generous bound: the issue's target is 5 s")
+	assert.Equal(t, leader, holder())
+	values := seen()
+	i := slices.Index(values, 99)
+	require.GreaterOrEqual(t, i, 0, "%v", values)
+	assert.NotContains(t, values[i:], int64(0), "a count from before the throttling was written after the parent event: %v", values)
 }

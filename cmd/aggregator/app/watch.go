@@ -58,6 +58,13 @@ type watchMonitor struct {
 	// settled is set once a watch resumed from the reflector's last
 	// resourceVersion stayed open for watchSettle since the watch broke.
 	settled bool
+	// between is set from when a pod watch ends (endedStream) until a
+	// newer one is open and what came before it (a relist) is delivered:
+	// nothing is written meanwhile. The API server ends every watch after
+	// a few minutes and client-go opens the next at once, so only a watch
+	// that stays closed is counted as broken (brokenAt).
+	between     bool
+	endedStream int
 }
 
 // podInformer is what the monitor reads of the pod informer: the
@@ -155,6 +162,11 @@ func (m *watchMonitor) watchStream(req *http.Request, body io.ReadCloser, resume
 				return
 			}
 			endedAt := time.Now()
+			m.mu.Lock()
+			if stream == m.stream {
+				m.between, m.endedStream = true, stream
+			}
+			m.mu.Unlock()
 			time.AfterFunc(2*watchSettle, func() {
 				m.mu.Lock()
 				reopened := stream != m.stream
@@ -214,12 +226,24 @@ func (m *watchMonitor) isThrottled() bool {
 }
 
 // fresh reports whether the pod view is not known to be stale: the pod
-// watch delivers, or has not been seen broken since it last did.
-func (m *watchMonitor) fresh() bool { return m.stale() == 0 }
+// watch has not been seen broken since it last delivered, and no watch
+// ended without what came after it being delivered.
+func (m *watchMonitor) fresh() bool {
+	stale, between := m.check()
+	return stale == 0 && !between
+}
 
 // stale returns how long the pod view has been stale: since the pod watch
 // broke, until what was listed or watched since has been delivered.
 func (m *watchMonitor) stale() time.Duration {
+	stale, _ := m.check()
+	return stale
+}
+
+// check brings the monitor up to date with what the pod informer has
+// delivered, and returns how long the view has been stale and whether it is
+// between two watches.
+func (m *watchMonitor) check() (time.Duration, bool) {
 	m.mu.Lock()
 	inf := m.informer
 	m.mu.Unlock()
@@ -230,15 +254,21 @@ func (m *watchMonitor) stale() time.Duration {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.brokenSince.IsZero() {
-		return 0
+	known := inf != nil && inf == m.informer
+	if m.between && known && m.stream > m.endedStream && caughtUp(synced, stored) && (!m.relisting || synced != m.relistFrom) {
+		// The next watch is open, and what came before it (a relist) is
+		// delivered.
+		m.between = false
 	}
-	if inf != nil && inf == m.informer && m.delivered(synced, stored) {
+	if m.brokenSince.IsZero() {
+		return 0, m.between
+	}
+	if known && m.delivered(synced, stored) {
 		m.log.Info("Pod watch delivering again", "staleFor", time.Since(m.brokenSince).Round(time.Millisecond).String())
 		m.brokenSince, m.throttled, m.settled, m.relisting = time.Time{}, false, false, false
-		return 0
+		return 0, m.between
 	}
-	return time.Since(m.brokenSince)
+	return time.Since(m.brokenSince), m.between
 }
 
 // delivered reports, from what the reflector synced and what its indexer
@@ -246,16 +276,22 @@ func (m *watchMonitor) stale() time.Duration {
 // indexer holds every event the reflector synced, and either a relist sent
 // since then was synced (the reflector's resourceVersion moved on from what
 // it was when the relist was sent: a LIST's or the initial-events-end
-// bookmark's), or a resumed watch settled. An indexer that tells nothing
-// (AtomicFIFO turned off) leaves the reflector's word alone.
+// bookmark's), or a resumed watch settled.
 func (m *watchMonitor) delivered(synced, stored string) bool {
-	if synced == "" || (stored != "" && !atLeast(stored, synced)) {
+	if !caughtUp(synced, stored) {
 		return false
 	}
 	if m.relisting {
 		return synced != m.relistFrom
 	}
 	return m.settled
+}
+
+// caughtUp reports whether the indexer holds everything the reflector
+// synced. An indexer that tells nothing (client-go's AtomicFIFO turned
+// off) leaves the reflector's word alone.
+func caughtUp(synced, stored string) bool {
+	return synced != "" && (stored == "" || atLeast(stored, synced))
 }
 
 // atLeast reports whether resourceVersion a is b or newer. Resource

@@ -145,3 +145,49 @@ func TestAtLeast(t *testing.T) {
 	assert.True(t, atLeast("x", "x"))
 	assert.False(t, atLeast("x", "y"))
 }
+
+// TestNothingWrittenBetweenWatches: from the moment a pod watch ends until
+// the next one is open and the indexer holds what the reflector synced, the
+// view is not fresh, though not yet counted as broken.
+func TestNothingWrittenBetweenWatches(t *testing.T) {
+	end := make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{}`))
+		w.(http.Flusher).Flush()
+		select {
+		case <-end:
+		case <-r.Context().Done():
+		}
+	}))
+	defer api.Close()
+	cfg := &rest.Config{Host: api.URL}
+	inf := &fakeInformer{synced: "10", stored: "10"}
+	watch := newWatchMonitor(logr.Discard())
+	watch.wrap(cfg)
+	watch.attach(inf)
+	client, err := rest.HTTPClientFor(cfg)
+	require.NoError(t, err)
+	open := func() *http.Response {
+		resp, err := client.Get(api.URL + podWatchPath + "?labelSelector=" + url.QueryEscape(podSelector) + "&watch=true&resourceVersion=10")
+		require.NoError(t, err)
+		return resp
+	}
+
+	first := open()
+	require.True(t, watch.fresh())
+	close(end)
+	_, _ = io.ReadAll(first.Body) // the watch ends
+	first.Body.Close()
+	assert.False(t, watch.fresh(), "fresh with no watch open")
+	assert.Zero(t, watch.stale(), "a watch that ended is not broken before it stays closed")
+
+	inf.set("12", "10")
+	end = make(chan struct{})
+	second := open()
+	defer func() { close(end); second.Body.Close() }()
+	assert.False(t, watch.fresh(), "fresh before the indexer holds what the reflector synced")
+	inf.set("12", "12")
+	assert.True(t, watch.fresh())
+}
