@@ -30,8 +30,12 @@ import (
 //     failure policy to that request only).
 //   - Each class has its own share and its own queue: a small body never
 //     waits behind a large one. The small class's share is sized for every
-//     connection the server admits (MaxConnections) to hold one small body,
-//     so a small body never waits at all: pods' reviews are a few KiB.
+//     connection the server admits (MaxConnections) to hold one small body:
+//     pods' reviews are a few KiB. The server's connection limit closes only
+//     connections on which no request is being served, so a small body
+//     waits only in a race the limit cannot see (a request read into the
+//     server's buffers just as its connection was closed), and then for at
+//     most MemoryWait.
 //   - The server in front of the handler also bounds how long a body may
 //     take to arrive (BodyDeadline), so a reservation held by a client that
 //     stalls is freed within seconds.

@@ -432,6 +432,125 @@ func TestConnectionFlood(t *testing.T) {
 	assert.Less(t, slices.Max(latencies), 5*time.Second, "a new connection gets in within seconds")
 }
 
+// TestAPIServerConnectionsSurviveAFlood: a client that reviews as the API
+// server does — a few kept-alive connections, each request's headers and
+// body arriving over 100 ms, about 50 reviews a second, each connection
+// idle for 3 s once — while 900 other clients open connections that send
+// half their headers, and reopen them as soon as they are closed. The
+// webhook sheds the flood's connections, never the client's: no review
+// fails (neither the API server nor Go's transport retries a POST whose
+// connection is closed under it).
+func TestAPIServerConnectionsSurviveAFlood(t *testing.T) {
+	wh := startWebhook(t, false)
+	ctx, stop := context.WithTimeout(context.Background(), 20*time.Second)
+	defer stop()
+	var attackers sync.WaitGroup
+	var opened atomic.Int32
+	for range 900 {
+		attackers.Go(func() {
+			for ctx.Err() == nil {
+				c, err := (&tls.Dialer{Config: wh.tls}).DialContext(ctx, "tcp", wh.addr)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				opened.Add(1)
+				go func() { <-ctx.Done(); c.Close() }()
+				if _, err := c.Write([]byte("POST /mutate-pods HTTP/1.1\r\nHost: x\r\n")); err == nil {
+					_, _ = bufio.NewReader(c).ReadByte() // until the server closes it
+				}
+				c.Close()
+			}
+		})
+	}
+	// The API server's connections: opened before the flood builds up, as
+	// an API server's are.
+	const clients = 6
+	var mu sync.Mutex
+	var latencies []time.Duration
+	var failures []error
+	var reviewers sync.WaitGroup
+	for n := range clients {
+		reviewers.Go(func() {
+			var conn *tls.Conn
+			var r *bufio.Reader
+			defer func() {
+				if conn != nil {
+					conn.Close()
+				}
+			}()
+			paused := false
+			for i := 0; ctx.Err() == nil; i++ {
+				if conn == nil {
+					c, err := tls.Dial("tcp", wh.addr, wh.tls)
+					if err != nil {
+						mu.Lock()
+						failures = append(failures, err)
+						mu.Unlock()
+						continue
+					}
+					conn, r = c, bufio.NewReader(c)
+				}
+				if !paused && i == 40+n*5 {
+					paused = true
+					time.Sleep(3 * time.Second) // idle past shedAfter
+				}
+				d, err := splitReview(conn, r, n*100_000+i)
+				mu.Lock()
+				if err != nil {
+					failures = append(failures, err)
+					conn.Close()
+					conn = nil
+				} else {
+					latencies = append(latencies, d)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	reviewers.Wait()
+	attackers.Wait()
+	p50, p99 := percentiles(latencies)
+	t.Logf("900 clients flooding connections for 20 s (%d opened): %d reviews on %d kept-alive connections with split requests, p50 %s, p99 %s, max %s, failed %d",
+		opened.Load(), len(latencies), clients, p50, p99, slices.Max(latencies), len(failures))
+	assert.Empty(t, failures, "reviews failed")
+	assert.Greater(t, opened.Load(), int32(900), "the attackers' connections are closed and reopened")
+	assert.Less(t, p99, 5*time.Second, "the API server's timeout for a review")
+}
+
+// splitReview sends one review on a kept-alive connection, its headers and
+// body arriving over 100 ms, and reads the answer.
+func splitReview(conn net.Conn, r *bufio.Reader, i int) (time.Duration, error) {
+	body := review(i)
+	begin := time.Now()
+	if err := conn.SetDeadline(begin.Add(10 * time.Second)); err != nil {
+		return 0, err
+	}
+	if _, err := conn.Write([]byte("POST /mutate-pods HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n")); err != nil {
+		return 0, err
+	}
+	time.Sleep(50 * time.Millisecond)
+	if _, err := fmt.Fprintf(conn, "Content-Length: %d\r\n\r\n%s", len(body), body[:len(body)/2]); err != nil {
+		return 0, err
+	}
+	time.Sleep(50 * time.Millisecond)
+	if _, err := conn.Write(body[len(body)/2:]); err != nil {
+		return 0, err
+	}
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("status %s", resp.Status)
+	}
+	return time.Since(begin), nil
+}
+
 // TestWedgedAdmissionPathFailsLiveness: with the admission path held by a
 // fault (a build of the webhook with the tallyfault tag), /healthz turns
 // red once reviews have waited past the bound, and green again once they

@@ -1,7 +1,7 @@
 package app
 
 import (
-	"context"
+	"crypto/tls"
 	"net"
 	"net/http"
 	"sync"
@@ -11,40 +11,54 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
-var connectionsShed = prometheus.NewCounter(prometheus.CounterOpts{
+var connectionsShed = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tally_webhook_connections_shed_total",
-	Help: "Connections the webhook closed at its connection limit to make room for a new one: the ones that had gone longest with no request in progress.",
-})
+	Help: "Connections the webhook closed at its connection limit to make room for a new one, by what they were: new (never answered a request; in its TLS handshake or first headers) or idle (kept alive after an answer, nothing of a next request arrived).",
+}, []string{"state"})
 
 func init() {
 	metrics.Registry.MustRegister(connectionsShed)
+	for _, state := range []string{"new", "idle"} {
+		connectionsShed.WithLabelValues(state)
+	}
 }
 
-// shedAfter is how long a connection may go with no request in progress
+// shedAfter is how long a connection may go with nothing in progress
 // before it may be closed to make room for a new one: far longer than the
 // API server takes to finish a TLS handshake and send its headers.
 const shedAfter = 2 * time.Second
 
 // connections bounds the server's open connections so that clients holding
 // connections open, and reopening them as fast as they are closed, cannot
-// keep the API server's new connections out for long. A limit that only
-// stops accepting (netutil.LimitListener) leaves a new connection queued
-// until one of theirs times out (seconds each, for every connection ahead
-// of it). Here, at the limit, the connection that has gone longest with no
-// request in progress — still in its handshake or headers, or idle after an
-// answer — is closed to make room once it has been so for shedAfter;
-// connections whose request is being served are never closed. So the
-// connections ahead of a new one leave at MaxConnections per shedAfter
-// whatever they do, and a connection let in has at least shedAfter to send
-// its request. The API server's idle kept-alive connections may be closed
-// under such a flood; it opens new ones.
+// keep the API server out. A limit that only stops accepting
+// (netutil.LimitListener) leaves a new connection queued until one of
+// theirs times out (seconds each, for every connection ahead of it). Here,
+// at the limit, one connection is closed to make room, once it has gone
+// shedAfter with nothing in progress:
+//
+//   - first a new one, that has never been answered (in its TLS handshake
+//     or its first request's headers), the oldest first: a flood's
+//     connections are new, and the API server sends its first headers
+//     within milliseconds of connecting;
+//   - only when none is open, an idle one, kept alive after an answer,
+//     on which nothing of a next request has arrived: the API server's
+//     connections are long-lived and kept alive, and it does not retry a
+//     review whose connection is closed under it.
+//
+// A connection on which a request's headers were read is never closed
+// (Go's StateActive: being served), nor a kept-alive one on which a byte of
+// its next request arrived (connections sees every byte read, below TLS).
+// So the requests in flight never outnumber the connections the limit
+// admits, the connections ahead of a newcomer leave at least at max per
+// shedAfter whatever they do, and the API server's kept-alive connections
+// are closed only when no new connection can be.
 type connections struct {
 	net.Listener
 	max int
 	now func() time.Time
 
 	mu    sync.Mutex
-	conns map[net.Conn]*connState
+	conns map[*trackedConn]*connState
 	// freed is signalled when a connection closes.
 	freed  chan struct{}
 	closed chan struct{}
@@ -53,26 +67,49 @@ type connections struct {
 
 // connState is what the limit knows of one open connection.
 type connState struct {
-	// since is when the connection was opened, started a request, or was
-	// answered, whichever was last.
+	// since is when the connection was opened or last answered.
 	since time.Time
+	// answered reports that a request of the connection was answered: the
+	// connection is kept alive.
+	answered bool
 	// serving reports that a request's headers were read and its answer is
 	// not written yet.
 	serving bool
+	// arriving reports that a byte arrived since the connection was last
+	// answered: its next request is on its way.
+	arriving bool
 }
 
+// sheddable reports whether the connection may be closed once stale.
+func (s *connState) sheddable() bool { return !s.serving && !s.arriving }
+
 func limitConnections(ln net.Listener, max int) *connections {
-	return &connections{Listener: ln, max: max, now: time.Now, conns: make(map[net.Conn]*connState),
+	return &connections{Listener: ln, max: max, now: time.Now, conns: make(map[*trackedConn]*connState),
 		freed: make(chan struct{}, 1), closed: make(chan struct{})}
 }
 
-// Accept accepts the next connection and, at the limit, sheds the stalest
-// one, waiting until one may be shed or has closed.
+// trackedConn tells the limit when bytes arrive.
+type trackedConn struct {
+	net.Conn
+	limit *connections
+}
+
+func (t *trackedConn) Read(p []byte) (int, error) {
+	n, err := t.Conn.Read(p)
+	if n > 0 {
+		t.limit.arrived(t)
+	}
+	return n, err
+}
+
+// Accept accepts the next connection and, at the limit, sheds one (see
+// connections), waiting until one may be shed or has closed.
 func (c *connections) Accept() (net.Conn, error) {
-	conn, err := c.Listener.Accept()
+	raw, err := c.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
+	conn := &trackedConn{Conn: raw, limit: c}
 	for {
 		c.mu.Lock()
 		if len(c.conns) < c.max {
@@ -80,19 +117,19 @@ func (c *connections) Accept() (net.Conn, error) {
 			c.mu.Unlock()
 			return conn, nil
 		}
-		victim, wait := c.stalest()
+		victim, state, wait := c.victim()
 		if victim != nil && wait <= 0 {
 			delete(c.conns, victim)
 			c.conns[conn] = &connState{since: c.now()}
 			c.mu.Unlock()
-			connectionsShed.Inc()
-			// Closing a TLS connection may wait to send its close alert.
-			go victim.Close()
+			connectionsShed.WithLabelValues(state).Inc()
+			// Below TLS: no close alert to wait on.
+			victim.Close()
 			return conn, nil
 		}
 		c.mu.Unlock()
 		if victim == nil {
-			wait = shedAfter // every connection is being served
+			wait = shedAfter // nothing can be shed now
 		}
 		select {
 		case <-c.freed:
@@ -104,18 +141,38 @@ func (c *connections) Accept() (net.Conn, error) {
 	}
 }
 
-// stalest returns the open connection that has gone longest with no request
-// being served, and how long until it may be shed; nil when every one is
-// being served. c.mu is held.
-func (c *connections) stalest() (net.Conn, time.Duration) {
-	var victim net.Conn
-	var oldest time.Time
+// victim returns the connection to shed next — the oldest new one, or
+// when none is open, the idle one unanswered longest — what it is ("new"
+// or "idle"), and how long until it may be shed; nil when none may be.
+// c.mu is held.
+func (c *connections) victim() (*trackedConn, string, time.Duration) {
+	var victim *trackedConn
+	var oldest *connState
 	for conn, s := range c.conns {
-		if !s.serving && (victim == nil || s.since.Before(oldest)) {
-			victim, oldest = conn, s.since
+		if !s.sheddable() {
+			continue
+		}
+		if victim == nil || (!s.answered && oldest.answered) || (s.answered == oldest.answered && s.since.Before(oldest.since)) {
+			victim, oldest = conn, s
 		}
 	}
-	return victim, oldest.Add(shedAfter).Sub(c.now())
+	if victim == nil {
+		return nil, "", 0
+	}
+	state := "new"
+	if oldest.answered {
+		state = "idle"
+	}
+	return victim, state, oldest.since.Add(shedAfter).Sub(c.now())
+}
+
+// arrived records that bytes arrived on conn.
+func (c *connections) arrived(conn *trackedConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.conns[conn]; ok && s.answered && !s.serving {
+		s.arriving = true
+	}
 }
 
 // Close stops accepting, and ends an Accept waiting for room.
@@ -127,43 +184,29 @@ func (c *connections) Close() error {
 // track is the server's ConnState hook: it records each connection's
 // progress and forgets closed ones.
 func (c *connections) track(conn net.Conn, state http.ConnState) {
+	if t, ok := conn.(*tls.Conn); ok {
+		conn = t.NetConn()
+	}
+	tracked, ok := conn.(*trackedConn)
+	if !ok {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s, ok := c.conns[conn]
+	s, ok := c.conns[tracked]
 	switch {
 	case !ok:
-	case state == http.StateActive || state == http.StateIdle:
-		s.since, s.serving = c.now(), false
+	case state == http.StateActive:
+		s.serving = true
+	case state == http.StateIdle:
+		*s = connState{since: c.now(), answered: true}
 	case state == http.StateClosed || state == http.StateHijacked:
-		delete(c.conns, conn)
+		delete(c.conns, tracked)
 		select {
 		case c.freed <- struct{}{}:
 		default:
 		}
 	}
-}
-
-type connKey struct{}
-
-// connContext is the server's ConnContext hook: the request's context
-// carries its connection, for serving.
-func (c *connections) connContext(ctx context.Context, conn net.Conn) context.Context {
-	return context.WithValue(ctx, connKey{}, conn)
-}
-
-// serving wraps the server's handler: a connection whose request is being
-// served is not shed.
-func (c *connections) serving(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if conn, ok := r.Context().Value(connKey{}).(net.Conn); ok {
-			c.mu.Lock()
-			if s, ok := c.conns[conn]; ok {
-				s.serving = true
-			}
-			c.mu.Unlock()
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 // open is the number of connections open.

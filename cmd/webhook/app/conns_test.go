@@ -1,11 +1,9 @@
 package app
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -13,75 +11,124 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestConnectionsShedTheStalest: at the limit a new connection is let in by
-// closing the connection that went longest with no request being served,
-// once it has been so for shedAfter; a connection being served is never
-// closed, and the newcomer waits while nothing can be shed.
-func TestConnectionsShedTheStalest(t *testing.T) {
+// limitFixture is a connection limit on the loopback with a clock the
+// test moves.
+type limitFixture struct {
+	t     *testing.T
+	ln    net.Listener
+	conns *connections
+	now   time.Time
+}
+
+func newLimitFixture(t *testing.T, max int) *limitFixture {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	now := time.Unix(0, 0)
-	conns := limitConnections(ln, 2)
-	conns.now = func() time.Time { return now }
-	t.Cleanup(func() { conns.Close() })
+	f := &limitFixture{t: t, ln: ln, now: time.Unix(0, 0)}
+	f.conns = limitConnections(ln, max)
+	f.conns.now = func() time.Time { return f.now }
+	t.Cleanup(func() { f.conns.Close() })
+	return f
+}
 
-	dial := func() net.Conn {
-		t.Helper()
-		client, err := net.Dial("tcp", ln.Addr().String())
-		require.NoError(t, err)
-		t.Cleanup(func() { client.Close() })
-		return client
-	}
-	accept := func() net.Conn {
-		t.Helper()
-		server, err := conns.Accept()
-		require.NoError(t, err)
-		t.Cleanup(func() { server.Close() })
-		return server
-	}
-	closed := func(client net.Conn) bool {
-		require.NoError(t, client.SetReadDeadline(time.Now().Add(time.Second)))
-		_, err := client.Read(make([]byte, 1))
-		return err == io.EOF
-	}
-	serve := func(conn net.Conn) {
-		conns.track(conn, http.StateActive)
-		r := httptest.NewRequest(http.MethodPost, "/", nil).WithContext(conns.connContext(context.Background(), conn))
-		conns.serving(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(httptest.NewRecorder(), r)
-	}
+// connect dials a connection and accepts it: the client's end and the
+// server's.
+func (f *limitFixture) connect() (client, server net.Conn) {
+	f.t.Helper()
+	client = f.dial()
+	return client, f.accept()
+}
 
-	stalled := dial()
-	stalledConn := accept()
-	now = now.Add(time.Second)
-	served := dial()
-	serve(accept()) // its request is being served
-	now = now.Add(shedAfter)
-	dial()
-	accept()
-	assert.Equal(t, 2, conns.open())
-	assert.True(t, closed(stalled), "the stalled connection is shed")
-	assert.False(t, closed(served), "the connection being served stays")
+func (f *limitFixture) dial() net.Conn {
+	f.t.Helper()
+	client, err := net.Dial("tcp", f.ln.Addr().String())
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { client.Close() })
+	return client
+}
 
-	// Nothing can be shed: the newcomer's turn comes when a connection
-	// closes.
-	dial()
+func (f *limitFixture) accept() net.Conn {
+	f.t.Helper()
+	server, err := f.conns.Accept()
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { server.Close() })
+	return server
+}
+
+// answered has the server answer a request on server: kept alive.
+func (f *limitFixture) answered(server net.Conn) {
+	f.conns.track(server, http.StateActive)
+	f.conns.track(server, http.StateIdle)
+}
+
+func closedByServer(t *testing.T, client net.Conn) bool {
+	require.NoError(t, client.SetReadDeadline(time.Now().Add(500*time.Millisecond)))
+	_, err := client.Read(make([]byte, 1))
+	return err == io.EOF
+}
+
+// TestConnectionsShedNewOnesFirst: at the limit a newcomer is let in by
+// closing the oldest connection never answered, once stale, before a
+// kept-alive one idle for longer; a connection being served is never
+// closed.
+func TestConnectionsShedNewOnesFirst(t *testing.T) {
+	f := newLimitFixture(t, 3)
+	keptAlive, keptAliveServer := f.connect()
+	f.answered(keptAliveServer)
+	f.now = f.now.Add(time.Second)
+	stalled, _ := f.connect()
+	served, servedServer := f.connect()
+	f.conns.track(servedServer, http.StateActive) // its request is being served
+	f.now = f.now.Add(shedAfter)
+
+	f.connect()
+	assert.True(t, closedByServer(t, stalled), "the connection never answered is shed")
+	assert.False(t, closedByServer(t, keptAlive), "a kept-alive connection is shed while a new one could be")
+	assert.False(t, closedByServer(t, served), "the connection being served stays")
+	assert.Equal(t, 3, f.conns.open())
+}
+
+// TestKeptAliveConnectionsWithARequestArrivingStay: with no new connection
+// to shed, the kept-alive connection idle longest goes, but never one on
+// which a byte of its next request arrived, however long it was idle.
+func TestKeptAliveConnectionsWithARequestArrivingStay(t *testing.T) {
+	f := newLimitFixture(t, 2)
+	sending, sendingServer := f.connect()
+	f.answered(sendingServer)
+	f.now = f.now.Add(time.Second)
+	idle, idleServer := f.connect()
+	f.answered(idleServer)
+	f.now = f.now.Add(2 * shedAfter)
+	_, err := sending.Write([]byte("P"))
+	require.NoError(t, err)
+	_, err = sendingServer.Read(make([]byte, 1)) // as the server's connection reads its next request
+	require.NoError(t, err)
+
+	f.connect()
+	assert.True(t, closedByServer(t, idle), "the idle kept-alive connection is shed")
+	assert.False(t, closedByServer(t, sending), "a connection whose next request is arriving is shed")
+}
+
+// TestNewcomerWaitsWhenNothingCanBeShed: every connection is being served:
+// the newcomer's turn comes when one closes.
+func TestNewcomerWaitsWhenNothingCanBeShed(t *testing.T) {
+	f := newLimitFixture(t, 1)
+	_, server := f.connect()
+	f.conns.track(server, http.StateActive)
+	f.now = f.now.Add(time.Hour)
+	f.dial()
 	got := make(chan net.Conn, 1)
 	go func() {
-		conn, err := conns.Accept()
+		conn, err := f.conns.Accept()
 		if err == nil {
 			got <- conn
 		}
 	}()
 	select {
 	case <-got:
-		t.Fatal("a connection was let in beyond the limit with none stale")
+		t.Fatal("a connection was let in beyond the limit with none that may be shed")
 	case <-time.After(100 * time.Millisecond):
 	}
-	conns.track(stalledConn, http.StateClosed) // already forgotten: no effect
-	for c := range conns.conns {
-		conns.track(c, http.StateClosed)
-		break
-	}
+	f.conns.track(server, http.StateClosed)
 	select {
 	case conn := <-got:
 		conn.Close()

@@ -73,15 +73,18 @@ func (s *server) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conns := limitConnections(tls.NewListener(ln, &tls.Config{
+	// The limit sits below TLS: it sees every byte arrive, and sheds a
+	// connection without waiting on a TLS close alert.
+	conns := limitConnections(ln, maxConnections)
+	tlsLn := tls.NewListener(conns, &tls.Config{
 		MinVersion:     tls.VersionTLS12,
 		GetCertificate: watcher.GetCertificate,
 		// HTTP/2 is not needed by the API server and widens the attack
 		// surface (stream resets); serve HTTP/1.1 only.
 		NextProtos: []string{"http/1.1"},
-	}), maxConnections)
+	})
 	srv := &http.Server{
-		Handler:           conns.serving(s.handler),
+		Handler:           s.handler,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
@@ -92,7 +95,6 @@ func (s *server) Start(ctx context.Context) error {
 		ErrorLog:    stdlog.New(debugWriter{s.log}, "", 0),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ConnState:   conns.track,
-		ConnContext: conns.connContext,
 	}
 	done := make(chan struct{})
 	go func() {
@@ -106,7 +108,7 @@ func (s *server) Start(ctx context.Context) error {
 	}()
 	s.log.Info("Serving webhook", "address", s.addr)
 	s.started.Store(true)
-	if err := srv.Serve(conns); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(tlsLn); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	<-done
