@@ -282,6 +282,8 @@ bench: envtest-assets ## Run the benchmarks and the aggregator bench program (fi
 	go run ./test/bench -scenario totals
 	@echo ">> a fresh install into 30,000 unstamped pods: counts before stamps"
 	go run ./test/bench -scenario install -namespaces 10 -parents-per-namespace 30 -pods 100
+	@echo ">> the uninstall hook's release of 10,000 tracked pods"
+	go run ./test/bench -scenario uninstall
 
 .PHONY: bench-scale
 bench-scale: envtest-assets ## Count 150,000 pods (50 namespaces x 30 parents x 100) with tally's aggregator, 30,000 beside the conventional controller, then a fresh install into 150,000 unstamped pods (long: creating 150,000 pods alone takes 8 to 10 minutes; docs/benchmarks.md).

@@ -24,6 +24,11 @@
 // against the same pods finishing under the four counts only, in bursts of
 // 100 and one at a time.
 //
+// The scenario uninstall: what the chart's uninstall hook does once tally
+// is stopped, `kubectl tally finalizers remove -A` over 10,000 pods
+// carrying the tracking finalizer, against 500 released at the previous
+// settings (5 requests a second, one pod at a time).
+//
 // The scenario install: a fresh install into a cluster of unstamped pods
 // (namespaces × parents-per-namespace × pods; 30,000 in `make bench`,
 // 150,000 in `make bench-scale`): time until every parent shows its true
@@ -77,12 +82,12 @@ func main() {
 	burst := flag.Int("burst", 5000, "pod changes in the burst")
 	rate := flag.Int("rate", 200, "pod changes per second in the steady phase")
 	steady := flag.Duration("steady", 20*time.Second, "length of the steady phase")
-	scenario := flag.String("scenario", "counts", "counts, sweep, scale, install, totals, or webhook")
+	scenario := flag.String("scenario", "counts", "counts, sweep, scale, install, totals, uninstall, or webhook")
 	step := flag.Duration("step", 3*time.Second, "webhook: length of each load step over TLS")
 	apiRound := flag.Duration("api-round", 10*time.Second, "webhook: length of each round of pod creates through the API server")
 	namespaces := flag.Int("namespaces", 50, "scale: namespaces")
 	parentsPerNS := flag.Int("parents-per-namespace", 30, "scale: parents per namespace")
-	total := flag.Int("total", 10_000, "sweep: pods in the cluster")
+	total := flag.Int("total", 10_000, "sweep: pods in the cluster; uninstall: pods carrying the tracking finalizer")
 	tracked := flag.Int("tracked", 1_000, "sweep: pods of a tracked kind among them, unlabelled")
 	bigParent := flag.Int("big-parent", 5_000, "totals: pods of the big parent")
 	tallyOnly := flag.Bool("tally-only", false, "scale: leave out the conventional controller (at 150,000 pods its cache of whole pods takes the API server down on a 24 GiB machine)")
@@ -103,6 +108,8 @@ func main() {
 			return runInstall(env, *namespaces, *parentsPerNS, *podsPer, *countsOnly)
 		case "totals":
 			return runTotals(env, 20, 50, 100, *bigParent)
+		case "uninstall":
+			return runUninstall(env, *total, 500)
 		}
 		return fmt.Errorf("unknown scenario %q", *scenario)
 	})

@@ -6,11 +6,13 @@
 package kubectltally
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -436,4 +438,57 @@ func adminKubeconfig(t *testing.T) string {
 	path := filepath.Join(t.TempDir(), "admin.kubeconfig")
 	require.NoError(t, controlplane.WriteKubeconfig(admin, path))
 	return path
+}
+
+// TestFinalizersRemoveKilledAndRunAgain: `finalizers remove`, as the
+// uninstall hook runs it (parallel patches at a set rate), killed part-way:
+// a second run releases every pod the first left, and only those.
+func TestFinalizersRemoveKilledAndRunAgain(t *testing.T) {
+	ctx := context.Background()
+	ns, err := env.Namespace(ctx, "killed")
+	require.NoError(t, err)
+	const n = 300
+	for i := range n {
+		require.NoError(t, env.Client.Create(ctx, builder.Pod(ns, fmt.Sprintf("p%03d", i)).Finalizer(keys.TrackingFinalizer).Build()))
+	}
+	carrying := func() int {
+		var pods corev1.PodList
+		require.NoError(t, env.Client.List(ctx, &pods, client.InNamespace(ns)))
+		c := 0
+		for _, p := range pods.Items {
+			if slices.Contains(p.Finalizers, keys.TrackingFinalizer) {
+				c++
+			}
+		}
+		return c
+	}
+	kubeconfig := adminKubeconfig(t)
+	plugin := filepath.Join(t.TempDir(), "kubectl-tally")
+	build := exec.Command("go", "build", "-o", plugin, "./cmd/kubectl-tally")
+	build.Dir = repo.Root()
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "building kubectl-tally: %s", out)
+
+	first := exec.Command(plugin, "--kubeconfig", kubeconfig, "-n", ns, "finalizers", "remove", "--qps", "50", "--parallel", "4")
+	stdout, err := first.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, first.Start())
+	lines := bufio.NewScanner(stdout)
+	released := 0
+	for released < n/3 && lines.Scan() {
+		if strings.HasSuffix(lines.Text(), keys.TrackingFinalizer+" removed") {
+			released++
+		}
+	}
+	require.NoError(t, first.Process.Kill())
+	_ = first.Wait()
+	left := carrying()
+	require.Greater(t, left, 0, "the first run finished before it was killed")
+	require.Less(t, left, n)
+
+	in := &install{kubeconfig: kubeconfig}
+	code, output := in.run("-n", ns, "finalizers", "remove", "--qps", "50", "--parallel", "4")
+	require.Equal(t, app.ExitOK, code, output)
+	assert.Contains(t, output, fmt.Sprintf("%d pod(s) released", left), "the second run releases what the first left, and only that")
+	assert.Zero(t, carrying())
 }

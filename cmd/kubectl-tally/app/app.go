@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/internal/version"
@@ -46,6 +47,25 @@ type options struct {
 	// release and tallyNamespace find the installation (chart release and
 	// its namespace); configFile, when set, replaces its ConfigMap.
 	release, tallyNamespace, configFile string
+	// qps and burst, when positive, replace client-go's request rate (5
+	// a second, bursts of 10).
+	qps   float32
+	burst int
+}
+
+// restConfig is the kubeconfig's, at the rate asked for.
+func (o *options) restConfig() (*rest.Config, error) {
+	cfg, err := o.flags.ToRESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	if o.qps > 0 {
+		cfg.QPS = o.qps
+	}
+	if o.burst > 0 {
+		cfg.Burst = o.burst
+	}
+	return cfg, nil
 }
 
 // Main runs the plugin with args (without the program name) and returns its
@@ -98,7 +118,7 @@ func (o *options) namespace() (string, error) {
 }
 
 func (o *options) clients() (kubernetes.Interface, dynamic.Interface, error) {
-	cfg, err := o.flags.ToRESTConfig()
+	cfg, err := o.restConfig()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -112,7 +132,7 @@ func (o *options) clients() (kubernetes.Interface, dynamic.Interface, error) {
 
 // metadataClient returns a client that reads objects' metadata only.
 func (o *options) metadataClient() (metadata.Interface, error) {
-	cfg, err := o.flags.ToRESTConfig()
+	cfg, err := o.restConfig()
 	if err != nil {
 		return nil, err
 	}

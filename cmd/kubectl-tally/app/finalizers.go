@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,6 +26,7 @@ func newFinalizersCommand(o *options) *cobra.Command {
 		Short: "Manage the tracking finalizer tally puts on the pods of kinds with totals",
 	}
 	var allNamespaces, dryRun bool
+	var parallel int
 	var stop stopTracking
 	remove := &cobra.Command{
 		Use:   "remove",
@@ -45,11 +48,17 @@ the finalizer: it deletes the webhook's registration and scales the aggregator t
 					return err
 				}
 			}
-			return o.removeFinalizers(cmd.Context(), allNamespaces, dryRun, stop.aggregator != "")
+			if parallel < 1 {
+				return fmt.Errorf("--parallel must be at least 1, not %d", parallel)
+			}
+			return o.removeFinalizers(cmd.Context(), allNamespaces, dryRun, stop.aggregator != "", parallel)
 		},
 	}
 	remove.Flags().BoolVarP(&allNamespaces, "all-namespaces", "A", false, "remove it from the pods of every namespace")
 	remove.Flags().BoolVar(&dryRun, "dry-run", false, "only list the pods that carry it")
+	remove.Flags().IntVar(&parallel, "parallel", 16, "how many pods to patch at once")
+	remove.Flags().Float32Var(&o.qps, "qps", 100, "requests a second to the API server, at most (client-go's default is 5)")
+	remove.Flags().IntVar(&o.burst, "burst", 200, "requests above --qps the client may send in a burst")
 	remove.Flags().StringVar(&stop.webhook, "stop-webhook", "", "first delete this MutatingWebhookConfiguration (tally's), so that no new pod gets the finalizer")
 	remove.Flags().StringVar(&stop.aggregator, "stop-aggregator", "", "first scale this Deployment of --tally-namespace (tally's aggregator) to zero and wait for its pods to go")
 	remove.Flags().DurationVar(&stop.timeout, "stop-timeout", 2*time.Minute, "how long to wait for the aggregator's pods to go before removing the finalizers anyway")
@@ -127,7 +136,12 @@ func (o *options) stopTracking(ctx context.Context, stop stopTracking) error {
 	}
 }
 
-func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, stopped bool) error {
+// removeFinalizers removes the finalizer from every pod of the namespace
+// (every namespace with allNamespaces) that carries it, parallel patches at
+// a time, as it lists them. Each patch names the pod's UID: a pod created
+// since under the same name keeps its finalizer. A run stopped part-way
+// leaves the rest for the next, which lists what still carries it.
+func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, stopped bool, parallel int) error {
 	cs, _, err := o.clients()
 	if err != nil {
 		return err
@@ -142,34 +156,60 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, s
 		fmt.Fprintf(o.streams.ErrOut, "warning: tally's ConfigMap %s/%s still exists: if the aggregator runs, pods released now are not counted in their parent's totals\n",
 			o.tallyNamespace, o.configMapName())
 	}
-	var found, removed int
 	md, err := o.metadataClient()
 	if err != nil {
 		return err
 	}
-	err = eachTracked(ctx, md, ns, "", func(pod *metav1.PartialObjectMetadata) error {
-		found++
-		if dryRun {
+	if dryRun {
+		found := 0
+		err := eachTracked(ctx, md, ns, "", func(pod *metav1.PartialObjectMetadata) error {
+			found++
 			fmt.Fprintf(o.streams.Out, "pod/%s -n %s carries %s\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
 			return nil
+		})
+		if err != nil {
+			return err
 		}
-		_, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, aggregate.ReleasePatch(pod.UID), metav1.PatchOptions{})
-		if !aggregate.Released(err) {
-			return fmt.Errorf("removing %s from pod %s/%s: %w", keys.TrackingFinalizer, pod.Namespace, pod.Name, err)
-		}
-		removed++
-		fmt.Fprintf(o.streams.Out, "pod/%s -n %s: %s removed\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	if dryRun {
 		fmt.Fprintf(o.streams.Out, "%d pod(s) carry %s (dry run: nothing changed)\n", found, keys.TrackingFinalizer)
-	} else {
-		fmt.Fprintf(o.streams.Out, "%d pod(s) released\n", removed)
+		return nil
 	}
-	return nil
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	pods := make(chan *metav1.PartialObjectMetadata)
+	var mu sync.Mutex // guards removed and the output
+	removed := 0
+	var workers sync.WaitGroup
+	for range parallel {
+		workers.Go(func() {
+			for pod := range pods {
+				_, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, aggregate.ReleasePatch(pod.UID), metav1.PatchOptions{})
+				if !aggregate.Released(err) {
+					cancel(fmt.Errorf("removing %s from pod %s/%s: %w", keys.TrackingFinalizer, pod.Namespace, pod.Name, err))
+					continue
+				}
+				mu.Lock()
+				removed++
+				fmt.Fprintf(o.streams.Out, "pod/%s -n %s: %s removed\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
+				mu.Unlock()
+			}
+		})
+	}
+	err = eachTracked(ctx, md, ns, "", func(pod *metav1.PartialObjectMetadata) error {
+		select {
+		case pods <- pod:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	})
+	close(pods)
+	workers.Wait()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	fmt.Fprintf(o.streams.Out, "%d pod(s) released\n", removed)
+	return err
 }
 
 // eachTracked calls fn for each pod of namespace ns (every namespace when
