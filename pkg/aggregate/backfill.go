@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,12 +14,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/pkg/keys"
@@ -64,6 +67,9 @@ type Backfill struct {
 	Unstamped *Unstamped
 	// mayWrite, when set, tells whether this replica may still write.
 	mayWrite func() bool
+	// recorder, when set, reports the pods released because their kind
+	// keeps no totals, by a Warning Event on their controller.
+	recorder events.EventRecorder
 	log      logr.Logger
 	// done is closed once the first sweep has read every pod.
 	done chan struct{}
@@ -138,6 +144,7 @@ func (b *Backfill) sweep(ctx context.Context, read func()) (int, error) {
 	start := time.Now()
 	s := sweep{Backfill: b}
 	err := s.run(ctx, read)
+	s.reportReleased()
 	result := "complete"
 	if err != nil {
 		result = "failed"
@@ -155,6 +162,9 @@ func (b *Backfill) sweep(ctx context.Context, read func()) (int, error) {
 type sweep struct {
 	*Backfill
 	seen, unstamped, stamped int
+	// released holds the pods whose tracking finalizer the sweep removed
+	// (their kind keeps no totals), by controller.
+	released map[types.UID]*releasedPods
 	// inScope reports whether the pods of a namespace are stamped.
 	inScope func(ns string) bool
 }
@@ -354,7 +364,8 @@ func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata, ke
 			// set are still removed by the patch.
 			s.report(pod, d.Unverified)
 		}
-		patch := append(d.Patch, s.untrack(pod)...)
+		untrack := s.untrack(pod)
+		patch := append(d.Patch, untrack...)
 		if len(patch) == 0 {
 			return
 		}
@@ -365,6 +376,9 @@ func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata, ke
 		case err == nil:
 			podsStamped.Inc()
 			s.stamped++
+			if len(untrack) > 0 {
+				s.releasedOne(pod)
+			}
 			if log := s.log.V(1); log.Enabled() {
 				log.Info("Stamped pod", "pod", client.ObjectKeyFromObject(pod), "parent", pod.Annotations[keys.Parent])
 			}
@@ -390,6 +404,59 @@ func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata, ke
 			s.report(pod, fmt.Sprintf("patching the pod: %v", err))
 			return
 		}
+	}
+}
+
+// releasedPods are the pods of one controller whose tracking finalizer a
+// sweep removed.
+type releasedPods struct {
+	controller metav1.OwnerReference
+	namespace  string
+	names      []string
+}
+
+// releasedOne counts the release of pod's tracking finalizer by the sweep,
+// and keeps it for reportReleased.
+func (s *sweep) releasedOne(pod *metav1.PartialObjectMetadata) {
+	ref := metav1.GetControllerOfNoCopy(pod)
+	if ref == nil {
+		trackingFinalizers.WithLabelValues("", "orphaned").Inc()
+		return
+	}
+	gv, _ := schema.ParseGroupVersion(ref.APIVersion)
+	trackingFinalizers.WithLabelValues(schema.GroupKind{Group: gv.Group, Kind: ref.Kind}.String(), "orphaned").Inc()
+	if s.released == nil {
+		s.released = map[types.UID]*releasedPods{}
+	}
+	r := s.released[ref.UID]
+	if r == nil {
+		r = &releasedPods{controller: *ref, namespace: pod.Namespace}
+		s.released[ref.UID] = r
+	}
+	r.names = append(r.names, pod.Name)
+}
+
+// reportReleased sends one Warning Event on each controller whose pods the
+// sweep released.
+func (s *sweep) reportReleased() {
+	if s.recorder == nil {
+		return
+	}
+	for _, r := range s.released {
+		parent := &unstructured.Unstructured{}
+		parent.SetAPIVersion(r.controller.APIVersion)
+		parent.SetKind(r.controller.Kind)
+		parent.SetNamespace(r.namespace)
+		parent.SetName(r.controller.Name)
+		parent.SetUID(r.controller.UID)
+		shown := r.names[:min(len(r.names), 20)]
+		more := ""
+		if len(r.names) > len(shown) {
+			more = fmt.Sprintf(" and %d more", len(r.names)-len(shown))
+		}
+		s.recorder.Eventf(parent, nil, corev1.EventTypeWarning, "TrackingReleasedOptedOut", "ReleaseTracking",
+			"%s keeps no totals: released the tracking finalizer of %d pod(s), whose finish is not counted in a total: %s%s",
+			parent.GroupVersionKind().GroupKind(), len(r.names), strings.Join(shown, ", "), more)
 	}
 }
 

@@ -3,9 +3,12 @@ package aggregate
 import (
 	"context"
 	"fmt"
+	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"tally.dev/tally/pkg/mutate"
@@ -32,7 +35,7 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedNa
 	if err != nil || len(orphans) == 0 || !r.mayWrite() {
 		return reconcile.Result{}, err
 	}
-	result, err := r.releaseBatch(ctx, orphans, "orphaned")
+	result, err := r.releaseBatch(ctx, orphans, "orphaned", nil)
 	if current != "" {
 		// The parent's own step comes at its next reconcile, so that one
 		// reconcile sends at most PodBatch pod patches.
@@ -42,12 +45,36 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedNa
 }
 
 // releaseBatch releases at most PodBatch of pods, none of them recorded, and
-// asks for the parent to be reconciled again when some are left.
-func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, action string) (reconcile.Result, error) {
+// asks for the parent to be reconciled again when some are left. Each
+// release is reported by a Warning Event: on parent (a kind that keeps no
+// totals any more) naming the pods, else on each pod (its parent is gone).
+func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, action string, parent client.Object) (reconcile.Result, error) {
+	var result reconcile.Result
 	if len(pods) > PodBatch {
-		return reconcile.Result{RequeueAfter: foldRequeue}, r.releaseAll(ctx, "", pods[:PodBatch], action)
+		pods, result = pods[:PodBatch], reconcile.Result{RequeueAfter: foldRequeue}
 	}
-	return reconcile.Result{}, r.releaseAll(ctx, "", pods, action)
+	err := r.releaseAll(ctx, "", pods, action)
+	if err != nil || r.Recorder == nil {
+		return result, err
+	}
+	if parent != nil {
+		names := make([]string, len(pods))
+		for i, p := range pods {
+			names[i] = p.Name
+		}
+		r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "TrackingReleasedOptedOut", "ReleaseTracking",
+			"%s keeps no totals: released the tracking finalizer of %d pod(s), whose finish is not counted in a total: %s",
+			r.kind, len(pods), strings.Join(names, ", "))
+		return result, nil
+	}
+	for _, p := range pods {
+		pod := podMeta(p.Namespace, p.Name)
+		pod.SetUID(p.UID)
+		r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "TrackingReleasedOrphan", "ReleaseTracking",
+			"%s %s (UID %s), this pod's controller, is gone: released its tracking finalizer; its finish is not counted in a total",
+			r.kind, p.Controller.Name, p.Controller.UID)
+	}
+	return result, nil
 }
 
 // orphans returns the cached pods carrying the finalizer whose controller

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/discovery"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -111,6 +112,8 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	backfill := NewBackfill(mutate.NewMutator(parents, checker), mgr.GetAPIReader(), mgr.GetClient(), indexed.GetIndexer(),
 		mgr.GetCache().WaitForCacheSync, opts.BackfillInterval, log.WithName("backfill"))
 	backfill.mayWrite = opts.MayWrite
+	recorder := mgr.GetEventRecorder(FieldManager)
+	backfill.recorder = recorder
 	backfill.Namespaces = opts.Namespaces
 	if err := mgr.Add(backfill); err != nil {
 		return err
@@ -134,10 +137,10 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 		return err
 	}
 	if err := mgr.Add(NewUnrecorded(parents, gate, indexed.GetIndexer(), mgr.GetCache(), mgr.GetClient(),
-		mgr.GetEventRecorder(FieldManager), opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))); err != nil {
+		recorder, opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))); err != nil {
 		return err
 	}
-	k := &kinds{mgr: mgr, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, observed: obs, opts: opts}
+	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, observed: obs, opts: opts}
 	backfill.Unstamped.Notify(k.notify)
 	var pending []config.Parent
 	for _, p := range parents {
@@ -177,6 +180,7 @@ type kinds struct {
 	// reconciled records the parents reconciled as leader, for Unrecorded.
 	reconciled *reconciledParents
 	observed   *observed
+	recorder   events.EventRecorder
 	opts       Options
 	// served holds the reconciler of each kind served, by GroupKind.
 	served sync.Map
@@ -202,7 +206,7 @@ func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 	r := NewReconciler(p, Deps{
 		Parents: k.mgr.GetCache(), Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
 		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite,
-		Recorder: k.mgr.GetEventRecorder(FieldManager), Totals: k.gate, reconciled: k.reconciled, observed: k.observed,
+		Recorder: k.recorder, Totals: k.gate, reconciled: k.reconciled, observed: k.observed,
 	})
 	err := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).

@@ -30,7 +30,7 @@ func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstr
 		}
 	}
 	if len(orphaned) > 0 && r.mayWrite() {
-		return r.releaseBatch(ctx, orphaned, "orphaned")
+		return r.releaseBatch(ctx, orphaned, "orphaned", parent)
 	}
 	return reconcile.Result{}, nil
 }

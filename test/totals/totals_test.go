@@ -451,6 +451,8 @@ func TestParentDeletedWithTrackedPods(t *testing.T) {
 	require.NoError(t, env.Client.Delete(ctx, operator.Pool(ns, "pool", 0)))
 	require.Eventually(t, func() bool { return len(withFinalizer(t, ns)) == 0 }, 30*time.Second, 50*time.Millisecond,
 		"pods of a deleted parent keep %s: %v", keys.TrackingFinalizer, withFinalizer(t, ns))
+	require.Eventually(t, func() bool { return warned(t, ns, "TrackingReleasedOrphan", "Pod") }, 10*time.Second, 100*time.Millisecond,
+		"no Warning Event on the pods released")
 	// The garbage collector's part.
 	for _, p := range pods {
 		require.NoError(t, client.IgnoreNotFound(env.Client.Delete(ctx, p.DeepCopy())))
@@ -480,6 +482,22 @@ func TestKindOptedOut(t *testing.T) {
 				"pods of an opted-out kind keep %s: %v", keys.TrackingFinalizer, withFinalizer(t, ns))
 			err := env.Client.Get(ctx, client.ObjectKeyFromObject(pods[0]), &corev1.Pod{})
 			assert.True(t, apierrors.IsNotFound(err), "the pod deleted while it carried the finalizer is gone: %v", err)
+			require.Eventually(t, func() bool { return warned(t, ns, "TrackingReleasedOptedOut", "WorkerPool") }, 10*time.Second, 100*time.Millisecond,
+				"no Warning Event on the parent whose pods were released")
 		})
 	}
+}
+
+// warned reports whether a Warning Event of reason about an object of kind
+// was recorded in ns.
+func warned(t *testing.T, ns, reason, kind string) bool {
+	t.Helper()
+	var events corev1.EventList
+	require.NoError(t, env.Client.List(context.Background(), &events, client.InNamespace(ns)))
+	for _, e := range events.Items {
+		if e.Reason == reason && e.InvolvedObject.Kind == kind && e.Type == corev1.EventTypeWarning {
+			return true
+		}
+	}
+	return false
 }
