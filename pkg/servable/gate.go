@@ -23,7 +23,7 @@ const (
 // kind is not served: the webhook then adds no finalizer, and the aggregator
 // adds it to the running pods once the kind is served.
 type Gate struct {
-	checker *Checker
+	checker TotalsChecker
 	parents []config.Parent
 	log     logr.Logger
 
@@ -34,8 +34,14 @@ type Gate struct {
 	once    sync.Once
 }
 
+// TotalsChecker tells whether the API server serves a kind's totals
+// (Checker).
+type TotalsChecker interface {
+	Totals(p config.Parent) *Problem
+}
+
 // NewGate returns a Gate over the parents that keep totals.
-func NewGate(checker *Checker, parents []config.Parent, log logr.Logger) *Gate {
+func NewGate(checker TotalsChecker, parents []config.Parent, log logr.Logger) *Gate {
 	g := &Gate{checker: checker, log: log, problems: map[schema.GroupKind]*Problem{}, checked: make(chan struct{})}
 	for _, p := range parents {
 		if p.Tracked() {
@@ -96,12 +102,20 @@ func (g *Gate) Check() (known bool) {
 		problem := g.checker.Totals(p)
 		g.mu.Lock()
 		before := g.problems[p.GroupKind()]
-		g.problems[p.GroupKind()] = problem
+		kept := problem != nil && problem.Unknown && (before == nil || !before.Unknown)
+		if !kept {
+			g.problems[p.GroupKind()] = problem
+		}
 		g.mu.Unlock()
 		if problem != nil && problem.Unknown {
 			known = false
 		}
 		switch {
+		case kept:
+			// One failed read (discovery, the schema) does not undo what
+			// the API server said before: the webhook would skip the
+			// finalizer meanwhile. Checked again in RetryUnknown.
+			g.log.Info("Cannot tell now whether the kind can keep totals; keeping what was known", "kind", p.GroupKind().String(), "reason", problem.Err.Error())
 		case problem != nil && problem.Unknown:
 			if log := g.log.V(1); log.Enabled() {
 				log.Info("Cannot tell yet whether the kind can keep totals; checking again", "kind", p.GroupKind().String(), "reason", problem.Err.Error())
