@@ -136,8 +136,10 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	})); err != nil {
 		return err
 	}
-	if err := mgr.Add(NewUnrecorded(parents, gate, indexed.GetIndexer(), mgr.GetCache(), mgr.GetClient(),
-		recorder, opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))); err != nil {
+	unrecorded := NewUnrecorded(parents, gate, indexed.GetIndexer(), mgr.GetCache(), mgr.GetClient(),
+		recorder, opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))
+	unrecorded.live = mgr.GetAPIReader()
+	if err := mgr.Add(unrecorded); err != nil {
 		return err
 	}
 	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, observed: obs, opts: opts}

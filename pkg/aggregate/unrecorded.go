@@ -75,10 +75,12 @@ const parentReadWait = 2 * time.Second
 // reported by a Warning Event on the parent when it exists. It runs on the
 // leader only.
 type Unrecorded struct {
-	kinds      []config.Parent
-	gate       *servable.Gate
-	pods       toolscache.Indexer
-	parents    client.Reader
+	kinds   []config.Parent
+	gate    *servable.Gate
+	pods    toolscache.Indexer
+	parents client.Reader
+	// live reads a parent from the API server, when set.
+	live       client.Reader
 	writer     client.Writer
 	recorder   events.EventRecorder
 	grace      time.Duration
@@ -261,7 +263,13 @@ func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Po
 	for key, group := range byParent {
 		parent := &unstructured.Unstructured{}
 		parent.SetGroupVersionKind(p.GroupVersionKind())
-		exists := u.parents.Get(readCtx, key, parent) == nil
+		reader := u.parents
+		if action == "lost" && u.live != nil {
+			// Whether a pod is lost is told by the ledger as it is now: a
+			// pod recorded a moment ago may not be in the cached one yet.
+			reader = u.live
+		}
+		exists := reader.Get(readCtx, key, parent) == nil
 		var ledger Book
 		if exists && action == "lost" {
 			ledger, _ = ReadBook(parent.Object, p.LedgerPath(), nil)
