@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -599,4 +600,94 @@ func TestThrottlingIsNotAnOutage(t *testing.T) {
 	i := slices.Index(values, 99)
 	require.GreaterOrEqual(t, i, 0, "%v", values)
 	assert.NotContains(t, values[i:], int64(0), "a count from before the throttling was written after the parent event: %v", values)
+}
+
+// TestADeposedLeadersChangesAreNotWaiting: the leader, its one worker held
+// by a status write that does not return, sees a change to a second parent
+// that it cannot pick up; then it loses the lease to another holder and
+// starts again as a standby. The change went with the manager that saw
+// it: tally_aggregator_oldest_unprocessed_change_seconds reads 0, as it
+// would on any standby, instead of growing for good.
+func TestADeposedLeadersChangesAreNotWaiting(t *testing.T) {
+	ctx := context.Background()
+	leaseNS, err := env.Namespace(ctx, "lease")
+	require.NoError(t, err)
+	nsA, podsA := createPool(t, 3)
+	nsB, podsB := createPool(t, 3)
+	cfg := rest.CopyConfig(env.Config)
+	var holdStatus, failLeases atomic.Bool
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+			switch {
+			case failLeases.Load() && strings.Contains(req.URL.Path, "/leases"):
+				return nil, errors.New("leases unreachable (the test)")
+			case holdStatus.Load() && req.Method == http.MethodPatch && strings.HasSuffix(req.URL.Path, "/status"):
+				<-req.Context().Done() // a write that does not return
+				return nil, req.Context().Err()
+			}
+			return rt.RoundTrip(req)
+		})
+	})
+	aggCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(aggCtx, workerPools, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 1,
+			LeaderElect: true, LeaderElectionNamespace: leaseNS, LeaderElectionID: "deposed"})
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	require.Eventually(t, func() bool { return completing(t, nsA) == 0 && completing(t, nsB) == 0 }, 60*time.Second, 50*time.Millisecond)
+
+	holdStatus.Store(true)
+	markIntent(t, podsA[:1]) // its reconcile's write holds the one worker
+	time.Sleep(time.Second)
+	markIntent(t, podsB[:1]) // seen, not picked up
+	require.Eventually(t, func() bool { return waiting(t) >= 2 }, 20*time.Second, 100*time.Millisecond, "the second change is not waiting")
+
+	// Deposed: its renewals fail, and another holder takes the lease and
+	// keeps it.
+	mark := len(logs.String())
+	failLeases.Store(true)
+	intruder := func() {
+		var lease coordinationv1.Lease
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: leaseNS, Name: "deposed"}, &lease); err != nil {
+			return
+		}
+		lease.Spec.HolderIdentity = ptr.To("another-replica")
+		lease.Spec.LeaseDurationSeconds = ptr.To(int32(60))
+		lease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+		_ = env.Client.Update(ctx, &lease)
+	}
+	intruder()
+	keep, stopKeeping := context.WithCancel(ctx)
+	defer stopKeeping()
+	go func() {
+		for keep.Err() == nil {
+			time.Sleep(2 * time.Second)
+			intruder()
+		}
+	}()
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String()[mark:], "Aggregator stopped; starting again in this process")
+	},
+		60*time.Second, 200*time.Millisecond, "the leader was not deposed")
+	failLeases.Store(false)
+	holdStatus.Store(false)
+	require.Eventually(t, func() bool { return waiting(t) == 0 }, 60*time.Second, 200*time.Millisecond,
+		"a change the deposed leader saw is reported as waiting on the standby it became: %.0f s", waiting(t))
+	time.Sleep(3 * time.Second)
+	assert.Zero(t, waiting(t), "the standby reports a change waiting")
+}
+
+// waiting reads tally_aggregator_oldest_unprocessed_change_seconds.
+func waiting(t *testing.T) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == "tally_aggregator_oldest_unprocessed_change_seconds" {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no tally_aggregator_oldest_unprocessed_change_seconds")
+	return 0
 }
