@@ -20,8 +20,10 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/pkg/config"
@@ -318,8 +320,39 @@ func TestSecureMetricsRBAC(t *testing.T) {
 	require.True(t, find(t, objs, "ClusterRole", "tally-metrics-reader", &reader))
 	assert.Equal(t, []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}, reader.Rules)
 
+	var binding rbacv1.ClusterRoleBinding
+	assert.False(t, find(t, objs, "ClusterRoleBinding", "tally-metrics-reader", &binding), "no scraper named, no binding")
+
 	insecure := objects(t, render(t, "two-parents.yaml"))
 	assert.False(t, find(t, insecure, "ClusterRole", "tally-metrics-reader", &reader))
+
+	// The scraper named: bound.
+	bound, err := helm.Run("template", release, helm.Chart(), "--namespace", namespace,
+		"--set", "metrics.reader.name=prometheus-k8s", "--set", "metrics.reader.namespace=monitoring")
+	require.NoError(t, err)
+	require.True(t, find(t, objects(t, bound), "ClusterRoleBinding", "tally-metrics-reader", &binding))
+	assert.Equal(t, "tally-metrics-reader", binding.RoleRef.Name)
+	assert.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "prometheus-k8s", Namespace: "monitoring"}}, binding.Subjects)
+	_, err = helm.Run("template", release, helm.Chart(), "--namespace", namespace, "--set", "metrics.reader.name=prometheus-k8s")
+	assert.ErrorContains(t, err, "metrics.reader.namespace")
+
+	// No scraper bound: the notes say scrapes get 403.
+	admin, err := env.AddUser(envtest.User{Name: "chart-admin", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, controlplane.WriteKubeconfig(admin, kubeconfig))
+	notes := func(set ...string) string {
+		args := []string{"install", release, helm.Chart(), "--namespace", namespace, "--dry-run=client", "--kubeconfig", kubeconfig}
+		for _, v := range set {
+			args = append(args, "--set", v)
+		}
+		out, err := helm.Run(args...)
+		require.NoError(t, err)
+		return out
+	}
+	assert.Contains(t, notes(), "every scrape gets 403")
+	assert.NotContains(t, notes("metrics.reader.name=prometheus-k8s", "metrics.reader.namespace=monitoring"), "every scrape gets 403")
+	assert.NotContains(t, notes("metrics.secure=false"), "every scrape gets 403")
 }
 
 // TestSecretCertificatesAreStableUnderGitOps: certificates.mode=secret
