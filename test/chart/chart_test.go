@@ -147,6 +147,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"bad-replicas-without-election.yaml": "at '/aggregator/replicas': value must be 1",
 		"bad-replicaset.yaml":                "at '/parents/0': 'not' failed",
 		"bad-alert-ratio.yaml":               "at '/metrics/prometheusRule/thresholds/applyConflictRatio': maximum: got 2, want 1",
+		"bad-held-below-grace.yaml":          "heldPodSeconds (240) must be above aggregator.trackingGrace (5m, 300 s)",
 	}
 	for file, want := range tests {
 		t.Run(file, func(t *testing.T) {
