@@ -69,6 +69,7 @@ func (s *server) Start(ctx context.Context) error {
 			s.log.Error(err, "Certificate watcher stopped")
 		}
 	}()
+	serveCertificate(watcher.GetCertificate)
 	ln, err := net.Listen("tcp", s.addr)
 	if err != nil {
 		return err
