@@ -442,6 +442,18 @@ func TestConnectionFlood(t *testing.T) {
 // connection is closed under it).
 func TestAPIServerConnectionsSurviveAFlood(t *testing.T) {
 	wh := startWebhook(t, false)
+	// The API server's connections: open, and answered once, before the
+	// flood starts, as an API server's long-lived connections are.
+	const clients = 12
+	conns := make([]*tls.Conn, clients)
+	readers := make([]*bufio.Reader, clients)
+	for n := range conns {
+		c, err := tls.Dial("tcp", wh.addr, wh.tls)
+		require.NoError(t, err)
+		conns[n], readers[n] = c, bufio.NewReader(c)
+		_, err = splitReview(c, readers[n], n*100_000)
+		require.NoError(t, err)
+	}
 	ctx, stop := context.WithTimeout(context.Background(), 20*time.Second)
 	defer stop()
 	var attackers sync.WaitGroup
@@ -463,25 +475,23 @@ func TestAPIServerConnectionsSurviveAFlood(t *testing.T) {
 			}
 		})
 	}
-	// The API server's connections: opened before the flood builds up, as
-	// an API server's are.
-	const clients = 12
 	var mu sync.Mutex
 	var latencies []time.Duration
 	var failures []error
 	var reviewers sync.WaitGroup
 	for n := range clients {
 		reviewers.Go(func() {
-			var conn *tls.Conn
-			var r *bufio.Reader
+			conn, r := conns[n], readers[n]
 			defer func() {
 				if conn != nil {
 					conn.Close()
 				}
 			}()
 			paused := false
-			for i := 0; ctx.Err() == nil; i++ {
+			for i := 1; ctx.Err() == nil; i++ {
 				if conn == nil {
+					// A connection closed under the client: a new one,
+					// as the API server would open.
 					c, err := tls.Dial("tcp", wh.addr, wh.tls)
 					if err != nil {
 						mu.Lock()

@@ -37,9 +37,10 @@ const shedAfter = 2 * time.Second
 // shedAfter with nothing in progress:
 //
 //   - first a new one, that has never been answered (in its TLS handshake
-//     or its first request's headers), the oldest first: a flood's
-//     connections are new, and the API server sends its first headers
-//     within milliseconds of connecting;
+//     or its first request's headers) and has received nothing for
+//     shedAfter, the longest silent first: a flood's connections are new
+//     and silent, and the API server sends its first headers within
+//     milliseconds of connecting;
 //   - only when none is open, an idle one, kept alive after an answer,
 //     on which nothing of a next request has arrived: the API server's
 //     connections are long-lived and kept alive, and it does not retry a
@@ -67,7 +68,8 @@ type connections struct {
 
 // connState is what the limit knows of one open connection.
 type connState struct {
-	// since is when the connection was opened or last answered.
+	// since is when the connection was last answered or, before its first
+	// answer, when it was opened or last received a byte.
 	since time.Time
 	// answered reports that a request of the connection was answered: the
 	// connection is kept alive.
@@ -166,12 +168,19 @@ func (c *connections) victim() (*trackedConn, string, time.Duration) {
 	return victim, state, oldest.since.Add(shedAfter).Sub(c.now())
 }
 
-// arrived records that bytes arrived on conn.
+// arrived records that bytes arrived on conn: a kept-alive connection's
+// next request is on its way; a new one is making progress (its handshake,
+// its first headers), and its clock starts again.
 func (c *connections) arrived(conn *trackedConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if s, ok := c.conns[conn]; ok && s.answered && !s.serving {
+	s, ok := c.conns[conn]
+	switch {
+	case !ok || s.serving:
+	case s.answered:
 		s.arriving = true
+	default:
+		s.since = c.now()
 	}
 }
 

@@ -136,3 +136,35 @@ func TestNewcomerWaitsWhenNothingCanBeShed(t *testing.T) {
 		t.Fatal("no room made by a closed connection")
 	}
 }
+
+// TestNewConnectionsMakingProgressStay: a new connection whose bytes keep
+// arriving (a handshake or headers slowed by a loaded machine) is not the
+// one shed; the one that went silent longest is.
+func TestNewConnectionsMakingProgressStay(t *testing.T) {
+	f := newLimitFixture(t, 2)
+	slow, slowServer := f.connect()
+	f.now = f.now.Add(time.Second)
+	silent, _ := f.connect()
+	f.now = f.now.Add(2 * shedAfter)
+	_, err := slow.Write([]byte("P"))
+	require.NoError(t, err)
+	_, err = slowServer.Read(make([]byte, 1))
+	require.NoError(t, err)
+
+	f.now = f.now.Add(time.Second)
+	f.dial()
+	got := make(chan net.Conn, 1)
+	go func() {
+		if conn, err := f.conns.Accept(); err == nil {
+			got <- conn
+		}
+	}()
+	select {
+	case conn := <-got:
+		t.Cleanup(func() { conn.Close() })
+	case <-time.After(5 * time.Second):
+		t.Fatal("the silent connection was not shed")
+	}
+	assert.True(t, closedByServer(t, silent), "the silent connection is shed")
+	assert.False(t, closedByServer(t, slow), "a new connection making progress is shed")
+}
