@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -449,14 +448,7 @@ func (s *sweep) reportReleased() {
 		parent.SetNamespace(r.namespace)
 		parent.SetName(r.controller.Name)
 		parent.SetUID(r.controller.UID)
-		shown := r.names[:min(len(r.names), 20)]
-		more := ""
-		if len(r.names) > len(shown) {
-			more = fmt.Sprintf(" and %d more", len(r.names)-len(shown))
-		}
-		s.recorder.Eventf(parent, nil, corev1.EventTypeWarning, "TrackingReleasedOptedOut", "ReleaseTracking",
-			"%s keeps no totals: released the tracking finalizer of %d pod(s), whose finish is not counted in a total: %s%s",
-			parent.GroupVersionKind().GroupKind(), len(r.names), strings.Join(shown, ", "), more)
+		reportOptedOut(s.recorder, parent, parent.GroupVersionKind().GroupKind().String(), r.names)
 	}
 }
 

@@ -158,7 +158,7 @@ func (r *Reconciler) history(parent *unstructured.Unstructured, own ownership, m
 			// would overwrite part of it (a ledger's list).
 			return
 		}
-		if ledger, ok := ledgerAt(parent.Object, field); ok && merge && !within(field, mapped) {
+		if ledger, ok := ledgerAt(parent.Object, field); ok && merge {
 			if !slices.ContainsFunc(old, func(p []string) bool { return slices.Equal(p, ledger) }) {
 				old = append(old, ledger)
 			}

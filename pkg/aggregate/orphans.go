@@ -7,7 +7,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -62,9 +64,7 @@ func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, action strin
 		for i, p := range pods {
 			names[i] = p.Name
 		}
-		r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "TrackingReleasedOptedOut", "ReleaseTracking",
-			"%s keeps no totals: released the tracking finalizer of %d pod(s), whose finish is not counted in a total: %s",
-			r.kind, len(pods), strings.Join(names, ", "))
+		reportOptedOut(r.Recorder, parent, r.kind, names)
 		return result, nil
 	}
 	for _, p := range pods {
@@ -75,6 +75,20 @@ func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, action strin
 			r.kind, p.Controller.Name, p.Controller.UID)
 	}
 	return result, nil
+}
+
+// reportOptedOut sends the Warning Event on parent, of kind, whose pods
+// named names lost the tracking finalizer because the kind keeps no totals
+// (at most 20 names are listed).
+func reportOptedOut(recorder events.EventRecorder, parent runtime.Object, kind string, names []string) {
+	shown := names[:min(len(names), 20)]
+	more := ""
+	if len(names) > len(shown) {
+		more = fmt.Sprintf(" and %d more", len(names)-len(shown))
+	}
+	recorder.Eventf(parent, nil, corev1.EventTypeWarning, "TrackingReleasedOptedOut", "ReleaseTracking",
+		"%s keeps no totals: released the tracking finalizer of %d pod(s), whose finish is not counted in a total: %s%s",
+		kind, len(names), strings.Join(shown, ", "), more)
 }
 
 // orphans returns the cached pods carrying the finalizer whose controller

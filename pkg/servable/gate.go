@@ -115,7 +115,9 @@ func (g *Gate) Check() (known bool) {
 			// One failed read (discovery, the schema) does not undo what
 			// the API server said before: the webhook would skip the
 			// finalizer meanwhile. Checked again in RetryUnknown.
-			g.log.Info("Cannot tell now whether the kind can keep totals; keeping what was known", "kind", p.GroupKind().String(), "reason", problem.Err.Error())
+			if log := g.log.V(1); log.Enabled() {
+				log.Info("Cannot tell now whether the kind can keep totals; keeping what was known", "kind", p.GroupKind().String(), "reason", problem.Err.Error())
+			}
 		case problem != nil && problem.Unknown:
 			if log := g.log.V(1); log.Enabled() {
 				log.Info("Cannot tell yet whether the kind can keep totals; checking again", "kind", p.GroupKind().String(), "reason", problem.Err.Error())

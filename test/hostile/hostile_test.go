@@ -123,17 +123,25 @@ func startWebhook(t *testing.T, fault bool) *webhook {
 func (w *webhook) admit(client *http.Client, i int) (time.Duration, error) {
 	begin := time.Now()
 	resp, err := client.Post("https://"+w.addr+"/mutate-pods", "application/json", bytes.NewReader(review(i)))
-	if err != nil {
+	if err := answered(resp, err); err != nil {
 		return 0, err
+	}
+	return time.Since(begin), nil
+}
+
+// answered reads resp to its end and reports whether it is a 200.
+func answered(resp *http.Response, err error) error {
+	if err != nil {
+		return err
 	}
 	defer resp.Body.Close()
 	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return 0, err
+		return err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("status %s", resp.Status)
+		return fmt.Errorf("status %s", resp.Status)
 	}
-	return time.Since(begin), nil
+	return nil
 }
 
 // baseline sends reviews for d with no attacker, one every 20 ms.
@@ -157,6 +165,36 @@ func (w *webhook) healthz() int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// halfHeaderFlood has clients clients, until ctx is done, each open a
+// connection, send half its headers and wait for the server to close it,
+// then open the next. It returns a func that waits for them to stop and
+// returns how many connections they opened.
+func (w *webhook) halfHeaderFlood(ctx context.Context, clients int) func() int32 {
+	var attackers sync.WaitGroup
+	var opened atomic.Int32
+	for range clients {
+		attackers.Go(func() {
+			for ctx.Err() == nil {
+				c, err := (&tls.Dialer{Config: w.tls}).DialContext(ctx, "tcp", w.addr)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				opened.Add(1)
+				go func() { <-ctx.Done(); c.Close() }()
+				if _, err := c.Write([]byte("POST /mutate-pods HTTP/1.1\r\nHost: x\r\n")); err == nil {
+					_, _ = bufio.NewReader(c).ReadByte() // until the server closes it
+				}
+				c.Close()
+			}
+		})
+	}
+	return func() int32 {
+		attackers.Wait()
+		return opened.Load()
+	}
 }
 
 // percentiles returns the p50 and p99 of latencies.
@@ -391,25 +429,7 @@ func TestConnectionFlood(t *testing.T) {
 	b50, b99 := percentiles(wh.baseline(t, client, 3*time.Second))
 	ctx, stop := context.WithTimeout(context.Background(), 15*time.Second)
 	defer stop()
-	var attackers sync.WaitGroup
-	var opened atomic.Int32
-	for range 450 {
-		attackers.Go(func() {
-			for ctx.Err() == nil {
-				c, err := tls.Dial("tcp", wh.addr, wh.tls)
-				if err != nil {
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				opened.Add(1)
-				go func() { <-ctx.Done(); c.Close() }()
-				if _, err := c.Write([]byte("POST /mutate-pods HTTP/1.1\r\nHost: x\r\n")); err == nil {
-					_, _ = bufio.NewReader(c).ReadByte() // until the server closes it
-				}
-				c.Close()
-			}
-		})
-	}
+	flood := wh.halfHeaderFlood(ctx, 450)
 	time.Sleep(3 * time.Second) // the flood builds up past the limit
 
 	var latencies []time.Duration
@@ -423,12 +443,12 @@ func TestConnectionFlood(t *testing.T) {
 		latencies = append(latencies, d)
 		time.Sleep(50 * time.Millisecond)
 	}
-	attackers.Wait()
+	opened := flood()
 	p50, p99 := percentiles(latencies)
 	t.Logf("450 clients holding connections for 15 s (%d connections opened): reviews on new connections with no attacker p50 %s, p99 %s; during the flood %d, p50 %s, p99 %s, max %s, failed %d",
-		opened.Load(), b50, b99, len(latencies), p50, p99, slices.Max(latencies), len(failures))
+		opened, b50, b99, len(latencies), p50, p99, slices.Max(latencies), len(failures))
 	assert.Empty(t, failures)
-	assert.Greater(t, opened.Load(), int32(450), "the attackers' connections are closed and reopened")
+	assert.Greater(t, opened, int32(450), "the attackers' connections are closed and reopened")
 	assert.Less(t, slices.Max(latencies), 5*time.Second, "a new connection gets in within seconds")
 }
 
@@ -456,25 +476,7 @@ func TestAPIServerConnectionsSurviveAFlood(t *testing.T) {
 	}
 	ctx, stop := context.WithTimeout(context.Background(), 20*time.Second)
 	defer stop()
-	var attackers sync.WaitGroup
-	var opened atomic.Int32
-	for range 900 {
-		attackers.Go(func() {
-			for ctx.Err() == nil {
-				c, err := (&tls.Dialer{Config: wh.tls}).DialContext(ctx, "tcp", wh.addr)
-				if err != nil {
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				opened.Add(1)
-				go func() { <-ctx.Done(); c.Close() }()
-				if _, err := c.Write([]byte("POST /mutate-pods HTTP/1.1\r\nHost: x\r\n")); err == nil {
-					_, _ = bufio.NewReader(c).ReadByte() // until the server closes it
-				}
-				c.Close()
-			}
-		})
-	}
+	flood := wh.halfHeaderFlood(ctx, 900)
 	var mu sync.Mutex
 	var latencies []time.Duration
 	var failures []error
@@ -519,12 +521,12 @@ func TestAPIServerConnectionsSurviveAFlood(t *testing.T) {
 		})
 	}
 	reviewers.Wait()
-	attackers.Wait()
+	opened := flood()
 	p50, p99 := percentiles(latencies)
 	t.Logf("900 clients flooding connections for 20 s (%d opened): %d reviews (%.0f a second) on %d kept-alive connections with split requests, p50 %s, p99 %s, max %s, failed %d",
-		opened.Load(), len(latencies), float64(len(latencies))/20, clients, p50, p99, slices.Max(latencies), len(failures))
+		opened, len(latencies), float64(len(latencies))/20, clients, p50, p99, slices.Max(latencies), len(failures))
 	assert.Empty(t, failures, "reviews failed")
-	assert.Greater(t, opened.Load(), int32(900), "the attackers' connections are closed and reopened")
+	assert.Greater(t, opened, int32(900), "the attackers' connections are closed and reopened")
 	assert.Less(t, p99, 5*time.Second, "the API server's timeout for a review")
 }
 
@@ -547,16 +549,8 @@ func splitReview(conn net.Conn, r *bufio.Reader, i int) (time.Duration, error) {
 	if _, err := conn.Write(body[len(body)/2:]); err != nil {
 		return 0, err
 	}
-	resp, err := http.ReadResponse(r, nil)
-	if err != nil {
+	if err := answered(http.ReadResponse(r, nil)); err != nil {
 		return 0, err
-	}
-	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return 0, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("status %s", resp.Status)
 	}
 	return time.Since(begin), nil
 }

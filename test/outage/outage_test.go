@@ -72,16 +72,24 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-func staleSeconds(t *testing.T) float64 {
+func staleSeconds(t *testing.T) float64 { return gauge(t, "tally_aggregator_pod_watch_stale_seconds") }
+
+// waiting reads tally_aggregator_oldest_unprocessed_change_seconds.
+func waiting(t *testing.T) float64 {
+	return gauge(t, "tally_aggregator_oldest_unprocessed_change_seconds")
+}
+
+// gauge reads the process's gauge name (one series).
+func gauge(t *testing.T, name string) float64 {
 	t.Helper()
 	families, err := ctrlmetrics.Registry.Gather()
 	require.NoError(t, err)
 	for _, f := range families {
-		if f.GetName() == "tally_aggregator_pod_watch_stale_seconds" {
+		if f.GetName() == name {
 			return f.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
-	t.Fatal("no tally_aggregator_pod_watch_stale_seconds")
+	t.Fatal("no " + name)
 	return 0
 }
 
@@ -108,14 +116,7 @@ func TestStaleWindowIsVisible(t *testing.T) {
 	}
 
 	p, cfg := proxied(t)
-	aggCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- app.Run(aggCtx, &config.Config{Parents: []config.Parent{{
-			Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: config.DefaultCounts,
-		}}}, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2})
-	}()
-	t.Cleanup(func() { stop(); <-done })
+	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
 	require.Zero(t, staleSeconds(t))
 
@@ -365,29 +366,19 @@ var workerPools = &config.Config{Parents: []config.Parent{{Group: "example.tally
 // status) is not answered with counts from the stale pods; once the watch
 // delivers again, the counts are written right, by themselves.
 func TestNoWriteFromAStaleView(t *testing.T) {
-	ctx := context.Background()
 	ns, pods := createPool(t, 6)
 	cfg := rest.CopyConfig(env.Config)
 	var breaker podWatchBreaker
 	breaker.wrap(cfg)
-	aggCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- app.Run(aggCtx, workerPools, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2})
-	}()
-	t.Cleanup(func() { stop(); <-done })
+	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
 	seen := watchCompleting(t, ns)
 
 	breaker.set(true)
 	require.Eventually(t, func() bool { return staleSeconds(t) > 0 }, 10*time.Second, 50*time.Millisecond, "the broken pod watch is not noticed")
 	markIntent(t, pods[:3])
-	// A parent event: the status overwritten. From the stale pods the
-	// aggregator would write completing: 0 over it.
-	pool := operator.Pool(ns, "pool", 6)
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
-	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(99), "status", "completing"))
-	require.NoError(t, env.Client.Status().Update(ctx, pool))
+	// From the stale pods the aggregator would write completing: 0 over it.
+	overwrite(t, ns)
 	time.Sleep(4 * time.Second)
 	assert.Equal(t, int64(99), completing(t, ns), "written from a pod view known to be stale")
 
@@ -395,10 +386,7 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 	restored := time.Now()
 	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 30*time.Second, 50*time.Millisecond)
 	t.Logf("pod watch broken %s; counts right %s after it could deliver again", 4*time.Second, time.Since(restored).Round(10*time.Millisecond))
-	values := seen()
-	i := slices.Index(values, 99)
-	require.GreaterOrEqual(t, i, 0, "%v", values)
-	assert.NotContains(t, values[i:], int64(0), "a stale count was written after the parent event: %v", values)
+	noStaleWriteAfterOverwrite(t, seen(), 0, "a stale count")
 }
 
 // TestNoWriteUntilTheRelistIsDelivered: after a cut long enough that the
@@ -407,17 +395,11 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 // with counts from the pods as they were before the cut: the view is fresh
 // only once the relist is in the cache, not on its response's headers.
 func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
-	ctx := context.Background()
 	ns, pods := createPool(t, 6)
 	cfg := rest.CopyConfig(env.Config)
 	var breaker podWatchBreaker
 	breaker.wrap(cfg)
-	aggCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- app.Run(aggCtx, workerPools, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2})
-	}()
-	t.Cleanup(func() { stop(); <-done })
+	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
 	seen := watchCompleting(t, ns)
 
@@ -430,20 +412,14 @@ func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
 	reconnected := time.Now()
 	time.Sleep(2 * time.Second)
 	// A parent event while the relist's events are on their way.
-	pool := operator.Pool(ns, "pool", 6)
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
-	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(99), "status", "completing"))
-	require.NoError(t, env.Client.Status().Update(ctx, pool))
+	overwrite(t, ns)
 	time.Sleep(4 * time.Second)
 	assert.Equal(t, int64(99), completing(t, ns), "written from the pods as they were before the cut, before the relist was delivered")
 	assert.Positive(t, staleSeconds(t), "the view counts as fresh before the relist was delivered")
 
 	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, delay+30*time.Second, 50*time.Millisecond)
 	t.Logf("relist answered at once, its events %s later: counts right %s after the reconnection", delay, time.Since(reconnected).Round(10*time.Millisecond))
-	values := seen()
-	i := slices.Index(values, 99)
-	require.GreaterOrEqual(t, i, 0, "%v", values)
-	assert.NotContains(t, values[i:], int64(0), "a count from before the cut was written after the parent event: %v", values)
+	noStaleWriteAfterOverwrite(t, seen(), 0, "a count from before the cut")
 }
 
 // TestRecoversInSeconds: the API server unreachable (a cut proxy: every
@@ -476,12 +452,20 @@ func TestRecoversInSeconds(t *testing.T) {
 // that reports whether it returned.
 func runElected(t *testing.T, cfg *rest.Config, leaseNS string) func() bool {
 	t.Helper()
+	return run(t, cfg, app.Options{MaxConcurrentReconciles: 2, LeaderElect: true, LeaderElectionNamespace: leaseNS, LeaderElectionID: "outage"})
+}
+
+// run starts app.Run on cfg for the WorkerPool kind with opts (no metrics
+// or probe endpoint), stopped when the test ends, and returns a func that
+// reports whether it returned.
+func run(t *testing.T, cfg *rest.Config, opts app.Options) func() bool {
+	t.Helper()
+	opts.MetricsAddr, opts.ProbeAddr = "0", "0"
 	ctx, stop := context.WithCancel(context.Background())
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		_ = app.Run(ctx, workerPools, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2,
-			LeaderElect: true, LeaderElectionNamespace: leaseNS, LeaderElectionID: "outage"})
+		_ = app.Run(ctx, workerPools, cfg, opts)
 	}()
 	t.Cleanup(func() {
 		stop()
@@ -495,6 +479,26 @@ func runElected(t *testing.T, cfg *rest.Config, leaseNS string) func() bool {
 			return false
 		}
 	}
+}
+
+// overwrite is a parent event: someone sets the pool's status.completing
+// to 99, which a count from a stale view would overwrite.
+func overwrite(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	pool := operator.Pool(ns, "pool", 6)
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
+	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(99), "status", "completing"))
+	require.NoError(t, env.Client.Status().Update(ctx, pool))
+}
+
+// noStaleWriteAfterOverwrite asserts that, of the values the pool's
+// status.completing took, none after overwrite's 99 is stale's.
+func noStaleWriteAfterOverwrite(t *testing.T, values []int64, stale int64, what string) {
+	t.Helper()
+	i := slices.Index(values, 99)
+	require.GreaterOrEqual(t, i, 0, "%v", values)
+	assert.NotContains(t, values[i:], stale, "%s was written after the parent event: %v", what, values)
 }
 
 // TestTwoReplicasRecoverInSeconds: two replicas, the API server unreachable
@@ -579,10 +583,7 @@ func TestThrottlingIsNotAnOutage(t *testing.T) {
 
 	throttler.throttle(true)
 	markIntent(t, pods[:3])
-	pool := operator.Pool(ns, "pool", 6)
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool))
-	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(99), "status", "completing"))
-	require.NoError(t, env.Client.Status().Update(ctx, pool))
+	overwrite(t, ns)
 	for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
 		require.Equal(t, leader, holder(), "the lease changed hands while every replica was throttled alike")
 	}
@@ -596,10 +597,7 @@ func TestThrottlingIsNotAnOutage(t *testing.T) {
 	t.Logf("pod list and watch throttled 60s, two replicas: the lease stayed with %s; counts right %s after the first pod list or watch answered", leader, right.Sub(first).Round(10*time.Millisecond))
 	assert.Less(t, right.Sub(first), 15*time.Second, "a generous bound: the issue's target is 5 s")
 	assert.Equal(t, leader, holder())
-	values := seen()
-	i := slices.Index(values, 99)
-	require.GreaterOrEqual(t, i, 0, "%v", values)
-	assert.NotContains(t, values[i:], int64(0), "a count from before the throttling was written after the parent event: %v", values)
+	noStaleWriteAfterOverwrite(t, seen(), 0, "a count from before the throttling")
 }
 
 // TestADeposedLeadersChangesAreNotWaiting: the leader, its one worker held
@@ -628,13 +626,7 @@ func TestADeposedLeadersChangesAreNotWaiting(t *testing.T) {
 			return rt.RoundTrip(req)
 		})
 	})
-	aggCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- app.Run(aggCtx, workerPools, cfg, app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 1,
-			LeaderElect: true, LeaderElectionNamespace: leaseNS, LeaderElectionID: "deposed"})
-	}()
-	t.Cleanup(func() { stop(); <-done })
+	run(t, cfg, app.Options{MaxConcurrentReconciles: 1, LeaderElect: true, LeaderElectionNamespace: leaseNS, LeaderElectionID: "deposed"})
 	require.Eventually(t, func() bool { return completing(t, nsA) == 0 && completing(t, nsB) == 0 }, 60*time.Second, 50*time.Millisecond)
 
 	holdStatus.Store(true)
@@ -676,18 +668,4 @@ func TestADeposedLeadersChangesAreNotWaiting(t *testing.T) {
 		"a change the deposed leader saw is reported as waiting on the standby it became: %.0f s", waiting(t))
 	time.Sleep(3 * time.Second)
 	assert.Zero(t, waiting(t), "the standby reports a change waiting")
-}
-
-// waiting reads tally_aggregator_oldest_unprocessed_change_seconds.
-func waiting(t *testing.T) float64 {
-	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
-	require.NoError(t, err)
-	for _, f := range families {
-		if f.GetName() == "tally_aggregator_oldest_unprocessed_change_seconds" {
-			return f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatal("no tally_aggregator_oldest_unprocessed_change_seconds")
-	return 0
 }

@@ -22,9 +22,9 @@ const podWatchPath = "/api/v1/pods"
 
 var podSelector = aggregate.PodSelector().String()
 
-// watchSettle is how long a pod watch must stay open before it counts as
-// healthy: a watch the API server answers with "too old resource version"
-// is a 200 response that ends at once.
+// watchSettle is how long a resumed pod watch must stay open before it
+// counts as settled (watchStream): a watch the API server answers with "too
+// old resource version" is a 200 response that ends at once.
 const watchSettle = time.Second
 
 // watchMonitor tells how long the pod view has been stale: from the moment

@@ -101,32 +101,15 @@ func TestFreshMeansDelivered(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusOK)
-				_, _ = w.Write([]byte(`{}`))
-				if r.URL.Query().Get("watch") == "true" {
-					w.(http.Flusher).Flush()
-					<-r.Context().Done()
-				}
-			}))
-			defer api.Close()
-			cfg := &rest.Config{Host: api.URL}
-			inf := &fakeInformer{synced: "10", stored: "10"}
-			watch := newWatchMonitor(logr.Discard())
-			watch.wrap(cfg)
-			watch.attach(inf)
+			watch, inf, get := monitoredAPI(t, nil)
 			require.True(t, watch.fresh())
 			watch.broken("cut by the test")
 			require.False(t, watch.fresh())
 
-			client, err := rest.HTTPClientFor(cfg)
-			require.NoError(t, err)
-			resp, err := client.Get(api.URL + podWatchPath + "?labelSelector=" + url.QueryEscape(podSelector) + tt.query)
-			require.NoError(t, err)
+			resp := get(tt.query)
 			defer resp.Body.Close()
 			if resp.Request.URL.Query().Get("watch") != "true" {
-				_, err = io.ReadAll(resp.Body)
+				_, err := io.ReadAll(resp.Body)
 				require.NoError(t, err)
 			} else {
 				time.Sleep(watchSettle + 200*time.Millisecond)
@@ -136,6 +119,39 @@ func TestFreshMeansDelivered(t *testing.T) {
 				assert.Equal(t, s.fresh, watch.fresh(), "synced %s, stored %s", s.synced, s.stored)
 			}
 		})
+	}
+}
+
+// monitoredAPI serves pod lists and watches (a watch stays open until its
+// request ends, or until end, when set, is closed) to a watch monitor that
+// reads inf, synced and stored at "10"; get sends a pod list or watch
+// request with query appended, through the monitor.
+func monitoredAPI(t *testing.T, end <-chan struct{}) (watch *watchMonitor, inf *fakeInformer, get func(query string) *http.Response) {
+	t.Helper()
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{}`))
+		if r.URL.Query().Get("watch") == "true" {
+			w.(http.Flusher).Flush()
+			select {
+			case <-end:
+			case <-r.Context().Done():
+			}
+		}
+	}))
+	t.Cleanup(api.Close)
+	cfg := &rest.Config{Host: api.URL}
+	inf = &fakeInformer{synced: "10", stored: "10"}
+	watch = newWatchMonitor(logr.Discard())
+	watch.wrap(cfg)
+	watch.attach(inf)
+	client, err := rest.HTTPClientFor(cfg)
+	require.NoError(t, err)
+	return watch, inf, func(query string) *http.Response {
+		resp, err := client.Get(api.URL + podWatchPath + "?labelSelector=" + url.QueryEscape(podSelector) + query)
+		require.NoError(t, err)
+		return resp
 	}
 }
 
@@ -151,42 +167,22 @@ func TestAtLeast(t *testing.T) {
 // view is not fresh, though not yet counted as broken.
 func TestNothingWrittenBetweenWatches(t *testing.T) {
 	end := make(chan struct{})
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write([]byte(`{}`))
-		w.(http.Flusher).Flush()
-		select {
-		case <-end:
-		case <-r.Context().Done():
-		}
-	}))
-	defer api.Close()
-	cfg := &rest.Config{Host: api.URL}
-	inf := &fakeInformer{synced: "10", stored: "10"}
-	watch := newWatchMonitor(logr.Discard())
-	watch.wrap(cfg)
-	watch.attach(inf)
-	client, err := rest.HTTPClientFor(cfg)
-	require.NoError(t, err)
-	open := func() *http.Response {
-		resp, err := client.Get(api.URL + podWatchPath + "?labelSelector=" + url.QueryEscape(podSelector) + "&watch=true&resourceVersion=10")
-		require.NoError(t, err)
-		return resp
-	}
+	watch, inf, get := monitoredAPI(t, end)
+	const resumed = "&watch=true&resourceVersion=10"
 
-	first := open()
+	first := get(resumed)
 	require.True(t, watch.fresh())
-	close(end)
-	_, _ = io.ReadAll(first.Body) // the watch ends
+	close(end) // the server ends its watches
+	_, _ = io.ReadAll(first.Body)
 	first.Body.Close()
 	assert.False(t, watch.fresh(), "fresh with no watch open")
 	assert.Zero(t, watch.stale(), "a watch that ended is not broken before it stays closed")
 
 	inf.set("12", "10")
-	end = make(chan struct{})
-	second := open()
-	defer func() { close(end); second.Body.Close() }()
+	// The next watch is answered (the server ends it at once, end being
+	// closed, but the client has not read that far).
+	second := get(resumed)
+	defer second.Body.Close()
 	assert.False(t, watch.fresh(), "fresh before the indexer holds what the reflector synced")
 	inf.set("12", "12")
 	assert.True(t, watch.fresh())

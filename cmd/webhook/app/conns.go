@@ -50,9 +50,10 @@ const shedAfter = 2 * time.Second
 // (Go's StateActive: being served), nor a kept-alive one on which a byte of
 // its next request arrived (connections sees every byte read, below TLS).
 // So the requests in flight never outnumber the connections the limit
-// admits, the connections ahead of a newcomer leave at least at max per
-// shedAfter whatever they do, and the API server's kept-alive connections
-// are closed only when no new connection can be.
+// admits; the silent connections ahead of a newcomer leave at max per
+// shedAfter, and those that trickle bytes within the server's header and
+// body timeouts; and the API server's kept-alive connections are closed
+// only when no new connection can be.
 type connections struct {
 	net.Listener
 	max int

@@ -54,6 +54,18 @@ func (f *limitFixture) accept() net.Conn {
 	return server
 }
 
+// acceptLater accepts the next connection in the background: the
+// connection comes on the channel once the limit lets it in.
+func (f *limitFixture) acceptLater() <-chan net.Conn {
+	got := make(chan net.Conn, 1)
+	go func() {
+		if conn, err := f.conns.Accept(); err == nil {
+			got <- conn
+		}
+	}()
+	return got
+}
+
 // answered has the server answer a request on server: kept alive.
 func (f *limitFixture) answered(server net.Conn) {
 	f.conns.track(server, http.StateActive)
@@ -116,13 +128,7 @@ func TestNewcomerWaitsWhenNothingCanBeShed(t *testing.T) {
 	f.conns.track(server, http.StateActive)
 	f.now = f.now.Add(time.Hour)
 	f.dial()
-	got := make(chan net.Conn, 1)
-	go func() {
-		conn, err := f.conns.Accept()
-		if err == nil {
-			got <- conn
-		}
-	}()
+	got := f.acceptLater()
 	select {
 	case <-got:
 		t.Fatal("a connection was let in beyond the limit with none that may be shed")
@@ -153,12 +159,7 @@ func TestNewConnectionsMakingProgressStay(t *testing.T) {
 
 	f.now = f.now.Add(time.Second)
 	f.dial()
-	got := make(chan net.Conn, 1)
-	go func() {
-		if conn, err := f.conns.Accept(); err == nil {
-			got <- conn
-		}
-	}()
+	got := f.acceptLater()
 	select {
 	case conn := <-got:
 		t.Cleanup(func() { conn.Close() })

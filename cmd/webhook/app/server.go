@@ -38,8 +38,8 @@ const (
 	maxHeaderBytes = 64 << 10
 	// maxConnections bounds the open connections: each costs a goroutine
 	// and TLS buffers (about 50 KiB) and may hold a small body (see
-	// mutate.MaxConnections); beyond it, the stalest connection is closed
-	// (connections).
+	// mutate.MaxConnections); beyond it, one with nothing in progress is
+	// closed (connections).
 	maxConnections = mutate.MaxConnections
 )
 
