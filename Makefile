@@ -12,7 +12,7 @@ SHELL := /usr/bin/env bash
 gomod_version = $(shell awk '$$1 == "$(2)" { print $$2 }' hack/$(1)/go.mod)
 KUBERNETES_VERSION := $(patsubst v%,%,$(call gomod_version,envtest,k8s.io/kubernetes))
 HELM_VERSION := $(call gomod_version,helm,helm.sh/helm/v3)
-PROMETHEUS_VERSION := $(call gomod_version,promtool,github.com/prometheus/prometheus)
+PROMETHEUS_VERSION := $(call gomod_version,prometheus,github.com/prometheus/prometheus)
 GORELEASER_VERSION := $(call gomod_version,goreleaser,github.com/goreleaser/goreleaser/v2)
 SYFT_VERSION := $(call gomod_version,syft,github.com/anchore/syft)
 KREW_VERSION := $(call gomod_version,krew,sigs.k8s.io/krew)
@@ -21,6 +21,7 @@ $(foreach v,KUBERNETES_VERSION HELM_VERSION PROMETHEUS_VERSION GORELEASER_VERSIO
 	$(if $($(v)),,$(error $(v): its module is not required in its hack/*/go.mod)))
 STATICCHECK_VERSION := v0.8.2
 CERT_MANAGER_VERSION := v1.21.2
+PROMETHEUS_OPERATOR_VERSION := v0.85.0
 KUBE_MAJOR := $(word 1,$(subst ., ,$(KUBERNETES_VERSION)))
 KUBE_MINOR := $(word 2,$(subst ., ,$(KUBERNETES_VERSION)))
 
@@ -32,6 +33,8 @@ STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 HELM := $(BIN)/helm-$(HELM_VERSION)
 CERT_MANAGER_CRDS := $(BIN)/cert-manager-crds-$(CERT_MANAGER_VERSION)
 PROMTOOL := $(BIN)/promtool-$(PROMETHEUS_VERSION)
+PROMETHEUS := $(BIN)/prometheus-$(PROMETHEUS_VERSION)
+PROMETHEUS_OPERATOR_CRDS := $(BIN)/prometheus-operator-crds-$(PROMETHEUS_OPERATOR_VERSION)
 GORELEASER := $(BIN)/goreleaser-$(GORELEASER_VERSION)
 # goreleaser runs the command named syft: one folder per version.
 SYFT := $(BIN)/syft-$(SYFT_VERSION)/syft
@@ -147,10 +150,11 @@ cluster-down: $(CLUSTER) ## Stop the one-node cluster and restore the host (fail
 	$(CLUSTER_DOWN)
 
 .PHONY: e2e-cluster
-e2e-cluster: $(CLUSTER) cluster-binaries cluster-images $(HELM) ## On a one-node cluster: install the chart for real and run the scenario on real pods; restores the host.
+e2e-cluster: $(CLUSTER) cluster-binaries cluster-images $(HELM) $(PROMETHEUS) $(PROMETHEUS_OPERATOR_CRDS) ## On a one-node cluster: install the chart for real, run the scenario on real pods, then watch the alerts fire and clear on a real Prometheus; restores the host.
 	@trap 'rc=$$?; $(CLUSTER_DOWN) || rc=1; exit $$rc' EXIT; \
 	$(CLUSTER_UP) && \
-	TALLY_CLUSTER_DIR=$(CLUSTER_DIR) TALLY_CLUSTER_BIN=$(CLUSTER) go test ./test/cluster -count=1 -v -timeout 40m
+	TALLY_CLUSTER_DIR=$(CLUSTER_DIR) TALLY_CLUSTER_BIN=$(CLUSTER) PROMETHEUS=$(PROMETHEUS) PROMETHEUS_OPERATOR_CRDS=$(PROMETHEUS_OPERATOR_CRDS) \
+		go test ./test/cluster -count=1 -v -timeout 80m
 
 # helm, built from source with the version stamps its release build sets.
 HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
@@ -164,11 +168,26 @@ $(HELM):
 	@echo ">> building helm $(HELM_VERSION) from source"
 	cd hack/helm && go build -ldflags '$(HELM_LDFLAGS)' -o $@ helm.sh/helm/v3/cmd/helm
 
-# promtool, which checks the chart's alerting rules and runs their unit tests;
-# its version is the one hack/promtool/go.mod requires.
-$(PROMTOOL): hack/promtool/go.mod
+# promtool, which checks the chart's alerting rules and runs their unit tests,
+# and the Prometheus server make e2e-cluster watches tally with (Kubernetes
+# service discovery only, no UI assets); their version is the one
+# hack/prometheus/go.mod requires.
+$(PROMTOOL): hack/prometheus/go.mod
 	@echo ">> building promtool $(PROMETHEUS_VERSION) from source"
-	cd hack/promtool && go build -o $@ github.com/prometheus/prometheus/cmd/promtool
+	cd hack/prometheus && go build -o $@ github.com/prometheus/prometheus/cmd/promtool
+
+$(PROMETHEUS): hack/prometheus/go.mod
+	@echo ">> building prometheus $(PROMETHEUS_VERSION) from source"
+	cd hack/prometheus && go build -tags remove_all_sd,enable_kubernetes_sd -o $@ github.com/prometheus/prometheus/cmd/prometheus
+
+# The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, taken
+# from its Go module (manifests only): make e2e-cluster installs the chart's
+# ServiceMonitor and PrometheusRule for real and reads them back.
+$(PROMETHEUS_OPERATOR_CRDS):
+	@echo ">> fetching the Prometheus Operator $(PROMETHEUS_OPERATOR_VERSION) CRDs from the Go module proxy"
+	@dir=$$(go mod download -json github.com/prometheus-operator/prometheus-operator@$(PROMETHEUS_OPERATOR_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p'); \
+	test -n "$$dir" && mkdir -p $@.tmp && \
+	cp $$dir/example/prometheus-operator-crd/monitoring.coreos.com_{servicemonitors,prometheusrules}.yaml $@.tmp/ && mv $@.tmp $@
 
 # The release tools, each built from its own module under hack/ (the version
 # its go.mod requires): goreleaser and syft make a release, krew installs

@@ -148,6 +148,8 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"bad-replicaset.yaml":                "at '/parents/0': 'not' failed",
 		"bad-alert-ratio.yaml":               "at '/metrics/prometheusRule/thresholds/applyConflictRatio': maximum: got 2, want 1",
 		"bad-held-below-grace.yaml":          "heldPodSeconds (240) must be above aggregator.trackingGrace (5m, 300 s)",
+		"bad-alert-override.yaml":            "metrics.prometheusRule.overrides.TallyWebhookDwon: tally has no alert of that name",
+		"bad-alert-severity.yaml":            "at '/metrics/prometheusRule/overrides/TallyWebhookDown/severity': value must be one of 'critical', 'warning', 'info'",
 	}
 	for file, want := range tests {
 		t.Run(file, func(t *testing.T) {

@@ -55,6 +55,46 @@ func TestAlertRulesExtend(t *testing.T) {
 	assert.True(t, held, "no TallyPodsHeldByFinalizer alert")
 }
 
+// TestAlertRulesOverrides: an alert's for and severity can be changed, or
+// the alert left out, by name; its description states the for it has.
+func TestAlertRulesOverrides(t *testing.T) {
+	defaults, err := framework.AlertRules()
+	require.NoError(t, err)
+	groups, err := framework.AlertRules("metrics.prometheusRule.overrides.TallyWebhookDown.for=30s",
+		"metrics.prometheusRule.overrides.TallyWebhookDown.severity=warning",
+		"metrics.prometheusRule.overrides.TallyPodsHeldByFinalizer.for=0m",
+		"metrics.prometheusRule.overrides.TallyWebhookCallsFail.enabled=false")
+	require.NoError(t, err)
+	rules := func(groups []framework.RuleGroup) map[string]framework.AlertRule {
+		out := map[string]framework.AlertRule{}
+		for _, g := range groups {
+			for _, r := range g.Rules {
+				out[r.Alert] = r
+			}
+		}
+		return out
+	}
+	before, after := rules(defaults), rules(groups)
+	require.Contains(t, before, "TallyWebhookCallsFail")
+	assert.NotContains(t, after, "TallyWebhookCallsFail")
+	assert.Len(t, after, len(before)-1)
+
+	down := after["TallyWebhookDown"]
+	assert.Equal(t, "30s", down.For)
+	assert.Equal(t, "warning", down.Labels["severity"])
+	assert.Contains(t, down.Annotations["description"], "has been up for 30s")
+	assert.Equal(t, "2m", before["TallyWebhookDown"].For)
+	assert.Contains(t, before["TallyWebhookDown"].Annotations["description"], "has been up for 2m")
+
+	assert.Empty(t, after["TallyPodsHeldByFinalizer"].For, "for 0m: no for")
+	assert.Equal(t, before["TallyPodsHeldByFinalizer"].Expr, after["TallyPodsHeldByFinalizer"].Expr)
+	for name, r := range after {
+		if name != "TallyWebhookDown" && name != "TallyPodsHeldByFinalizer" {
+			assert.Equal(t, before[name], r, name)
+		}
+	}
+}
+
 // TestDashboard: the dashboard parses, every panel but the rows has
 // queries that read tally's metrics, and the chart's ConfigMap carries the
 // dashboard as it is in the repository. test/alerts has promtool parse
