@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"tally.dev/tally/internal/replicas"
 	"tally.dev/tally/internal/version"
 	"tally.dev/tally/pkg/config"
 )
@@ -118,7 +119,7 @@ func AddReadyWhenCachesSynced(mgr manager.Manager) error {
 // synced, on every replica.
 func CachesSynced(mgr manager.Manager) (func(*http.Request) error, error) {
 	var synced atomic.Bool
-	if err := mgr.Add(everyReplica(func(ctx context.Context) error {
+	if err := mgr.Add(replicas.Every(func(ctx context.Context) error {
 		if mgr.GetCache().WaitForCacheSync(ctx) {
 			synced.Store(true)
 			mgr.GetLogger().Info("Caches synced")
@@ -134,13 +135,6 @@ func CachesSynced(mgr manager.Manager) (func(*http.Request) error, error) {
 		return nil
 	}, nil
 }
-
-// everyReplica is a runnable that runs whether or not the replica leads.
-type everyReplica func(context.Context) error
-
-func (f everyReplica) Start(ctx context.Context) error { return f(ctx) }
-
-func (everyReplica) NeedLeaderElection() bool { return false }
 
 // CheckScopes refuses configured parent kinds that the API server serves as
 // cluster-scoped: tally counts a parent's pods in the parent's namespace.

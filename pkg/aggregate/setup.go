@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"tally.dev/tally/internal/replicas"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -158,7 +159,9 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	if len(pending) == 0 {
 		return nil
 	}
-	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+	// Every replica checks again, as every one checked at the start: a
+	// standby that did not would report the kind unservable until it led.
+	return mgr.Add(replicas.Every(func(ctx context.Context) error {
 		k.retry(ctx, pending)
 		return nil
 	}))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -116,6 +118,38 @@ func convergesKind(t *testing.T, gvk schema.GroupVersionKind, ns, name string, u
 		return equal(want, got)
 	})
 	require.True(t, ok, "status of %s %s/%s: got %v, want %v", gvk.Kind, ns, name, got, want)
+}
+
+// TestAStandbySeesAKindServedLater: a replica that does not lead checks a
+// kind it cannot serve yet again, as the leader does, so its problem gauge
+// clears once the kind's CRD is installed. A standby that checked only at
+// its start reported the kind unservable until it led, and
+// TallyParentKindUnservable fired on a healthy install whose CRD came after
+// tally (seen on a real Prometheus, make e2e-cluster).
+func TestAStandbySeesAKindServedLater(t *testing.T) {
+	ctx := context.Background()
+	leaseNS := newNamespace(t)
+	// Another replica holds the lease throughout.
+	now := metav1.NewMicroTime(time.Now())
+	require.NoError(t, env.Client.Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: leaseNS, Name: app.DefaultLeaderElectionID},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("another-replica"), LeaseDurationSeconds: ptr.To[int32](3600),
+			AcquireTime: &now, RenewTime: &now},
+	}))
+	standby := lateGVK("StandbyPool")
+	startAggregator(t, []config.Parent{workerPools, parentOf(standby, twoCounts)}, nil,
+		func(o *app.Options) { o.LeaderElect, o.LeaderElectionNamespace = true, leaseNS })
+	problem := func() float64 {
+		return gauge(t, "tally_aggregator_parent_kind_problems", "StandbyPool.late.tally.dev", "not-served")
+	}
+	require.True(t, waitFor(10*time.Second, func() bool { return problem() == 1 }), "the standby does not report the kind's CRD missing")
+
+	installCRD(t, crd(standby.Kind, true, "completing", "active"))
+	assert.True(t, waitFor(90*time.Second, func() bool { return problem() == 0 }),
+		"the standby still reports the kind unservable 90 s after its CRD was installed")
+	var lease coordinationv1.Lease
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: leaseNS, Name: app.DefaultLeaderElectionID}, &lease))
+	assert.Equal(t, "another-replica", ptr.Deref(lease.Spec.HolderIdentity, ""), "the replica took the lease: it was not a standby")
 }
 
 // TestKindsThatAppearLater: a kind whose CRD is installed 10 s after the
