@@ -60,8 +60,8 @@ func TestServerSideDryRun(t *testing.T) {
 // TestRenderedWebhookRegistration registers the rendered
 // MutatingWebhookConfiguration, pointed at a webhook served by the test: an
 // unrelated pod and a pod its operator stamped are admitted without the
-// webhook being called, a tracked pod is stamped, in the release namespace
-// too.
+// webhook being called, a tracked pod is stamped, and no pod of the
+// release namespace reaches the webhook.
 func TestRenderedWebhookRegistration(t *testing.T) {
 	ctx := context.Background()
 	var mwc admissionregistrationv1.MutatingWebhookConfiguration
@@ -116,15 +116,17 @@ func TestRenderedWebhookRegistration(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, stamped))
 	assert.Equal(t, before, calls.Load(), "the webhook was called for a pod its operator stamped")
 
-	// Parents in the release namespace are served too; tally's own pods
-	// there (a ReplicaSet's) never reach the webhook.
+	// No pod of the release namespace reaches the webhook: tally's own
+	// pods start while it is down, even with a tally.dev/ annotation on
+	// their template (which the match conditions would otherwise send).
 	sys := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
 	require.NoError(t, client.IgnoreAlreadyExists(env.Client.Create(ctx, sys)))
-	inRelease := builder.Pod(namespace, "own").ControlledBy(operator.GVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
-	require.NoError(t, env.Client.Create(ctx, inRelease))
-	assert.Equal(t, "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a", inRelease.Labels[keys.ParentUID])
 	before = calls.Load()
-	own := builder.Pod(namespace, "tally-webhook-0").ControlledBy(schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "ReplicaSet"}, "tally-webhook-7d9f8", "3f0c2a8e-0000-4000-8000-000000000001").Build()
+	own := builder.Pod(namespace, "tally-webhook-0").ControlledBy(schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "ReplicaSet"}, "tally-webhook-7d9f8", "3f0c2a8e-0000-4000-8000-000000000001").
+		Annotation("tally.dev/restarted-at", "2026-12-02T13:00:00Z").Build()
 	require.NoError(t, env.Client.Create(ctx, own))
-	assert.Equal(t, before, calls.Load(), "the webhook was called for one of tally's own pods")
+	inRelease := builder.Pod(namespace, "tracked").ControlledBy(operator.GVK, "pool", "0b6c7bba-7f07-4f5e-9a30-fb1e3b1e2f1a").Build()
+	require.NoError(t, env.Client.Create(ctx, inRelease))
+	assert.Equal(t, before, calls.Load(), "the webhook was called for a pod of the release namespace")
+	assert.Empty(t, inRelease.Labels[keys.ParentUID], "a pod of the release namespace was stamped")
 }

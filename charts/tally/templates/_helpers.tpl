@@ -64,7 +64,7 @@ reads it from the config). kube-system is always excluded.
 matchExpressions:
   - key: kubernetes.io/metadata.name
     operator: NotIn
-    values: ["kube-system"]
+    values: ["kube-system", {{ .Release.Namespace | quote }}]
   {{- with .Values.webhook.namespaceSelector.matchExpressions }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
