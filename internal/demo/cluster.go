@@ -56,6 +56,17 @@ func (c *Cluster) Helm(args ...string) (string, error) {
 // Install applies the WorkerPool CRD, installs the chart (waiting until its
 // Deployments are ready) and runs the example operator.
 func (c *Cluster) Install(ctx context.Context) error {
+	if err := c.ApplyCRD(ctx); err != nil {
+		return err
+	}
+	if err := c.InstallChart(); err != nil {
+		return err
+	}
+	return c.InstallOperator(ctx)
+}
+
+// ApplyCRD applies the WorkerPool CRD.
+func (c *Cluster) ApplyCRD(ctx context.Context) error {
 	crd, err := os.ReadFile(repo.Path("examples", "workerpool", "crd", "workerpools.yaml"))
 	if err != nil {
 		return err
@@ -69,11 +80,15 @@ func (c *Cluster) Install(ctx context.Context) error {
 			return fmt.Errorf("applying the WorkerPool CRD: %w", err)
 		}
 	}
-	if _, err := c.Helm("install", helm.Release, helm.Chart(), "--namespace", helm.Namespace,
-		"--create-namespace", "-f", c.Values, "--wait", "--timeout", "3m"); err != nil {
-		return err
-	}
-	return c.installOperator(ctx)
+	return nil
+}
+
+// InstallChart installs the chart with c.Values, waiting until its
+// Deployments are ready.
+func (c *Cluster) InstallChart() error {
+	_, err := c.Helm("install", helm.Release, helm.Chart(), "--namespace", helm.Namespace,
+		"--create-namespace", "-f", c.Values, "--wait", "--timeout", "3m")
+	return err
 }
 
 // Uninstall removes the operator and the chart.
@@ -86,9 +101,9 @@ func (c *Cluster) Uninstall(ctx context.Context) error {
 	return err
 }
 
-// installOperator runs the example operator as a Deployment with the
+// InstallOperator runs the example operator as a Deployment with the
 // permissions it needs: WorkerPools read, pods managed.
-func (c *Cluster) installOperator(ctx context.Context) error {
+func (c *Cluster) InstallOperator(ctx context.Context) error {
 	labels := map[string]string{"app.kubernetes.io/name": operatorName}
 	args := []string{"--worker-image", c.WorkerImage}
 	for _, e := range c.WorkerEnv {
@@ -171,10 +186,15 @@ func WriteClusterValues(dir string, counts []config.Count, more ...map[string]an
 	if len(counts) == 0 {
 		counts = slices.Concat(config.Counts, config.Totals)
 	}
+	return WriteClusterParents(dir, []config.Parent{helm.WorkerPool(counts...)}, more...)
+}
+
+// WriteClusterParents is WriteClusterValues with the parents given.
+func WriteClusterParents(dir string, parents []config.Parent, more ...map[string]any) (string, error) {
 	cluster := map[string]any{
 		"image":      map[string]any{"pullPolicy": "Never"},
 		"webhook":    map[string]any{"replicas": 2},
 		"aggregator": map[string]any{"replicas": 2},
 	}
-	return helm.WriteValues(dir, []config.Parent{helm.WorkerPool(counts...)}, append([]map[string]any{cluster}, more...)...)
+	return helm.WriteValues(dir, parents, append([]map[string]any{cluster}, more...)...)
 }

@@ -66,16 +66,7 @@ func TestRealCluster(t *testing.T) {
 		t.Skip("TALLY_CLUSTER_DIR is not set: run make e2e-cluster (root, Linux)")
 	}
 	ctx := context.Background()
-	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	require.NoError(t, err)
-	// The pod creates measure the API server and the webhook, not
-	// client-go's default limit of 5 requests a second.
-	cfg.QPS, cfg.Burst = 200, 400
-	c, err := client.New(cfg, client.Options{})
-	require.NoError(t, err)
-	cs, err := kubernetes.NewForConfig(cfg)
-	require.NoError(t, err)
+	kubeconfig, cfg, c, cs := connect(t, dir)
 
 	// Installed with two counts; the upgrade maps all four and the totals
 	// (the aggregator then gives the running pods the tracking finalizer).
@@ -396,6 +387,21 @@ func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, cs *kub
 		assert.NotContains(t, state, "CrashLoopBackOff", "pod %s", pod)
 	}
 	assert.Equal(t, before, after, "tally's containers restarted during the outage (restart counts and waiting reasons)")
+}
+
+// connect returns the cluster's admin kubeconfig, a config read from it and
+// clients built from that. The pod creates measure the API server and the
+// webhook, not client-go's default limit of 5 requests a second.
+func connect(t *testing.T, dir string) (string, *rest.Config, client.Client, *kubernetes.Clientset) {
+	t.Helper()
+	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
+	cfg := cfgOf(t, dir)
+	cfg.QPS, cfg.Burst = 200, 400
+	c, err := client.New(cfg, client.Options{})
+	require.NoError(t, err)
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	return kubeconfig, cfg, c, cs
 }
 
 // cfgOf is the cluster's admin config.

@@ -346,39 +346,8 @@ func TestLargeSlowBodiesDoNotStallReviews(t *testing.T) {
 	ctx, stop := context.WithTimeout(context.Background(), 15*time.Second)
 	defer stop()
 	var attackers sync.WaitGroup
-	var requests, refused atomic.Int32
-	for range 40 {
-		attackers.Go(func() {
-			for ctx.Err() == nil {
-				c, err := tls.Dial("tcp", wh.addr, wh.tls)
-				if err != nil {
-					continue
-				}
-				go func() { <-ctx.Done(); c.Close() }()
-				requests.Add(1)
-				if _, err := fmt.Fprintf(c, "POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", 6<<20); err != nil {
-					c.Close()
-					continue
-				}
-				answer := make(chan string, 1)
-				go func() {
-					line, _ := bufio.NewReader(c).ReadString('\n')
-					answer <- line
-				}()
-				chunk := bytes.Repeat([]byte(" "), 64<<10)
-				for sent := 0; sent < 2<<20 && ctx.Err() == nil; sent += len(chunk) {
-					if _, err := c.Write(chunk); err != nil {
-						break
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
-				if strings.Contains(<-answer, " 503 ") {
-					refused.Add(1)
-				}
-				c.Close()
-			}
-		})
-	}
+	var flood framework.Flood
+	attackers.Go(func() { flood = framework.LargeBodyFlood(ctx, wh.addr, wh.tls, 40) })
 
 	var during []time.Duration
 	var failures []error
@@ -408,10 +377,10 @@ func TestLargeSlowBodiesDoNotStallReviews(t *testing.T) {
 	p50, p99 := percentiles(during)
 	a50, a99 := percentiles(after)
 	t.Logf("40 clients trickling 6 MiB bodies for 15 s: %d of their %d requests refused at once for memory; reviews with no attacker p50 %s, p99 %s; during the flood %d (p50 %s, p99 %s, max %s: p99 %.2fx), after it %d (p50 %s, p99 %s), failed %d; /healthz not OK %d times",
-		refused.Load(), requests.Load(), b50, b99, len(during), p50, p99, slices.Max(during), float64(p99)/float64(b99), len(after), a50, a99, len(failures), unhealthy)
+		flood.Refused, flood.Requests, b50, b99, len(during), p50, p99, slices.Max(during), float64(p99)/float64(b99), len(after), a50, a99, len(failures), unhealthy)
 	assert.Empty(t, failures)
 	assert.Zero(t, unhealthy, "stalled bodies do not make the webhook unhealthy")
-	assert.Positive(t, refused.Load(), "the flood exceeds the large bodies' share")
+	assert.Positive(t, flood.Refused, "the flood exceeds the large bodies' share")
 	// Generous bounds on a shared machine: answered within the registered
 	// timeout's default (5 s), not stuck.
 	assert.Less(t, slices.Max(during), 5*time.Second)
