@@ -23,7 +23,7 @@ func TestAlertRulesWithoutLeaderElection(t *testing.T) {
 		for _, r := range g.Rules {
 			if r.Alert == "TallyAggregatorNoLeader" {
 				found = true
-				assert.Equal(t, `absent(tally_aggregator_pod_watch_stale_seconds{namespace="tally-system"})`, r.Expr)
+				assert.Equal(t, `absent_over_time(tally_aggregator_pod_watch_stale_seconds{namespace="tally-system"}[1m])`, r.Expr)
 			}
 		}
 	}
@@ -82,9 +82,9 @@ func TestAlertRulesOverrides(t *testing.T) {
 	down := after["TallyWebhookDown"]
 	assert.Equal(t, "30s", down.For)
 	assert.Equal(t, "warning", down.Labels["severity"])
-	assert.Contains(t, down.Annotations["description"], "has been up for 30s")
-	assert.Equal(t, "2m", before["TallyWebhookDown"].For)
-	assert.Contains(t, before["TallyWebhookDown"].Annotations["description"], "has been up for 2m")
+	assert.Contains(t, down.Annotations["description"], "in the last minute, for 30s")
+	assert.Equal(t, "1m", before["TallyWebhookDown"].For)
+	assert.Contains(t, before["TallyWebhookDown"].Annotations["description"], "in the last minute, for 1m")
 
 	assert.Empty(t, after["TallyPodsHeldByFinalizer"].For, "for 0m: no for")
 	assert.Equal(t, before["TallyPodsHeldByFinalizer"].Expr, after["TallyPodsHeldByFinalizer"].Expr)

@@ -175,12 +175,14 @@ func TestAlertsOnRealPrometheus(t *testing.T) {
 		"| fault | alert (severity, for) | fault in effect | pending | firing | fault removed | resolved | other alerts seen meanwhile |",
 		"|---|---|---|---|---|---|---|---|")
 	flood := s.memoryFlood(ctx, t)
+	// Both alerts look for a sign of life over the last minute: their
+	// condition holds a minute after the last pod is gone.
 	for _, down := range []struct{ component, alert string }{{"aggregator", "TallyAggregatorNoLeader"}, {"webhook", "TallyWebhookDown"}} {
 		t.Run(down.component+" scaled to 0", func(t *testing.T) {
-			s.fault(t, fault{name: down.component + " scaled to 0", alert: down.alert, severity: "critical", for_: 2 * time.Minute,
+			s.fault(t, fault{name: down.component + " scaled to 0", alert: down.alert, severity: "critical", for_: time.Minute,
 				apply: func() time.Time {
 					s.scale(ctx, t, down.component, 0)
-					return time.Now()
+					return time.Now().Add(time.Minute)
 				},
 				remove: func() { s.scale(ctx, t, down.component, 2) }})
 		})
