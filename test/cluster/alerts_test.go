@@ -96,11 +96,10 @@ type alertSuite struct {
 // Prometheus Operator would be, and watches its alerts: none pending or
 // firing through ten healthy minutes (the parent kind's CRD applied after
 // tally, 10 s into the window; a rollout of both Deployments), then, one
-// fault at a time, the
-// alert that names the fault fires within its for plus two scrape
-// intervals (and a rule evaluation, discovery's batching of target changes
-// and a sample) of its condition holding, no other critical alert fires,
-// and it resolves once the fault is removed.
+// fault at a time, the alert that names the fault fires within its for plus
+// two scrape intervals (and a rule evaluation, discovery's batching of
+// target changes and a sample) of its condition holding, no other critical
+// alert fires, and it resolves once the fault is removed.
 func TestAlertsOnRealPrometheus(t *testing.T) {
 	dir := os.Getenv("TALLY_CLUSTER_DIR")
 	if dir == "" {
@@ -298,7 +297,6 @@ func (s *alertSuite) record(t *testing.T) func() {
 // window.
 func (s *alertSuite) scraped(ctx context.Context, t *testing.T) time.Time {
 	var last string
-	var allUp time.Time
 	ok := poll(2*time.Minute, func() bool {
 		targets, err := s.prom.targets(ctx)
 		if err != nil {
@@ -318,7 +316,7 @@ func (s *alertSuite) scraped(ctx context.Context, t *testing.T) time.Time {
 		return len(down) == 0 && up[helm.Release+"-webhook"] == 2 && up[helm.Release+"-aggregator-metrics"] == 2 && up["apiserver"] == 1
 	})
 	require.True(t, ok, "Prometheus does not scrape tally and the API server: %s", last)
-	allUp = time.Now()
+	allUp := time.Now()
 	t.Logf("Prometheus scrapes every target: %s", last)
 	ok = poll(time.Minute, func() bool {
 		groups, err := s.prom.rules(ctx)
@@ -411,11 +409,13 @@ type fault struct {
 
 // fault applies f, waits for its alert to fire (within its for, two scrape
 // intervals, a rule evaluation, the batching of discovery updates and a
-// sample from the moment its condition holds), removes it, waits for the alert to resolve, and checks that no
-// other critical alert fired meanwhile. It adds a row to the timeline.
+// sample from the moment its condition holds), removes it, waits for the
+// alert to resolve, and checks that no other critical alert fired
+// meanwhile. It adds a row to the timeline.
 func (s *alertSuite) fault(t *testing.T, f fault) {
 	start := time.Now()
 	holds := f.apply()
+	// Rules are evaluated at the scrape interval.
 	bound := holds.Add(f.for_ + 2*scrapeInterval + scrapeInterval + discoveryBatch + samplePeriod)
 	var firing time.Time
 	var fired alert
@@ -462,7 +462,8 @@ func (s *alertSuite) others(t *testing.T, fault, own string, alsoTrue []string, 
 	return strings.Join(names, ", ")
 }
 
-// flood is a memory flood that ended, and when its alert fired.
+// flood is a memory flood that ended: when it began, when the webhook
+// first refused a request, and when it ended.
 type flood struct {
 	start, refused, ended time.Time
 }
@@ -542,7 +543,7 @@ func (s *alertSuite) scale(ctx context.Context, t *testing.T, component string, 
 }
 
 // revokePods takes verbs on pods from the aggregator's ClusterRole and
-// returns what puts them back.
+// returns what puts them back, which also runs when t ends.
 func (s *alertSuite) revokePods(ctx context.Context, t *testing.T, verbs ...string) func() {
 	var role rbacv1.ClusterRole
 	key := client.ObjectKey{Name: helm.Release + "-aggregator"}
@@ -561,12 +562,15 @@ func (s *alertSuite) revokePods(ctx context.Context, t *testing.T, verbs ...stri
 	}
 	role.Rules = rules
 	require.NoError(t, s.c.Update(ctx, &role))
-	return func() {
+	restore := sync.OnceFunc(func() {
 		var role rbacv1.ClusterRole
 		require.NoError(t, s.c.Get(ctx, key, &role))
 		role.Rules = saved
 		require.NoError(t, s.c.Update(ctx, &role))
-	}
+	})
+	// A fault that fails half-way leaves the next ones a whole role.
+	t.Cleanup(restore)
+	return restore
 }
 
 // outage stops kube-apiserver for d and starts it again.

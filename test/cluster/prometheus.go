@@ -175,8 +175,7 @@ func startPrometheus(binary, dir string, config []byte) (*prometheus, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for {
-		var ready struct{}
-		if err := p.get(ctx, "/-/ready", nil, &ready); err == nil {
+		if err := p.get(ctx, "/-/ready", nil, nil); err == nil {
 			return p, nil
 		}
 		select {
@@ -205,8 +204,8 @@ func (p *prometheus) tail() string {
 	return string(raw)
 }
 
-// get reads path of the HTTP API; out receives its data (JSON), or nothing
-// when out is nil and path is not under /api.
+// get reads path from the server and fails unless it answers 200; under
+// /api/, out receives the answer's data (JSON).
 func (p *prometheus) get(ctx context.Context, path string, query url.Values, out any) error {
 	u := p.url + path
 	if len(query) > 0 {

@@ -41,13 +41,14 @@ func (t *timeline) add(at time.Time, alerts []alert) {
 	t.samples = append(t.samples, sample{At: at, Alerts: slices.Clone(alerts)})
 }
 
-// between returns the samples taken from from to to, both included.
+// between returns the samples taken from from to to, both included; a zero
+// to has no end.
 func (t *timeline) between(from, to time.Time) []sample {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []sample
 	for _, s := range t.samples {
-		if !s.At.Before(from) && !s.At.After(to) {
+		if !s.At.Before(from) && (to.IsZero() || !s.At.After(to)) {
 			out = append(out, s)
 		}
 	}
@@ -74,7 +75,7 @@ func (t *timeline) seen(from, to time.Time, keep func(alert) bool) []alert {
 // first returns the time of the first sample after after in which an
 // alert named name is in state, and that alert.
 func (t *timeline) first(name, state string, after time.Time) (time.Time, alert, bool) {
-	for _, s := range t.between(after, time.Now().Add(time.Hour)) {
+	for _, s := range t.between(after, time.Time{}) {
 		for _, a := range s.Alerts {
 			if a.Name == name && a.State == state {
 				return s.At, a, true
@@ -87,7 +88,7 @@ func (t *timeline) first(name, state string, after time.Time) (time.Time, alert,
 // gone returns the time of the first sample after after that shows no
 // alert named name, pending or firing.
 func (t *timeline) gone(name string, after time.Time) (time.Time, bool) {
-	for _, s := range t.between(after, time.Now().Add(time.Hour)) {
+	for _, s := range t.between(after, time.Time{}) {
 		if !slices.ContainsFunc(s.Alerts, func(a alert) bool { return a.Name == name }) {
 			return s.At, true
 		}

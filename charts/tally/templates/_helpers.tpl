@@ -58,7 +58,8 @@ namespaceSelector:
 {{/*
 The namespaces whose pods tally stamps: the webhook registration's
 namespaceSelector, which the aggregator's backfill sweep follows too (it
-reads it from the config). kube-system is always excluded.
+reads it from the config). kube-system and the release namespace are always
+excluded: tally's own pods never reach its webhook.
 */}}
 {{- define "tally.namespaceSelector" -}}
 matchExpressions:
