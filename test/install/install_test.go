@@ -8,6 +8,7 @@
 package install
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -15,17 +16,18 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -33,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"tally.dev/tally/cmd/kubectl-tally/app"
 	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/internal/demo"
 	"tally.dev/tally/internal/helm"
@@ -176,10 +179,19 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 }
 
+// trackedPods is how many pods carry the tracking finalizer when the
+// uninstall hook runs: the count its deadline is sized for
+// (docs/operating.md, "Uninstalling").
+const trackedPods = 10_000
+
 // runUninstallHook creates the chart's pre-delete hook's service account and
-// RBAC, runs its Job's command as a process with that identity while pods
-// carry the tracking finalizer, checks that it stopped tally from adding it
-// and released every pod, then deletes what it created.
+// RBAC and runs its Job's command as a process with that identity while
+// trackedPods pods carry the tracking finalizer. The first run is stopped
+// half-way by SIGTERM, as the Job's deadline stops it: it puts tally back as
+// it found it. The second is killed half-way by SIGKILL, which nothing can
+// undo: tally is left stopped. The third, bounded by the Job's
+// activeDeadlineSeconds, releases what is left and leaves tally stopped.
+// Then it deletes what it created.
 func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig []byte, valuesFile string) {
 	t.Helper()
 	manifest, err := helm.Run("template", release, helm.Chart(), "--namespace", ns, "-f", valuesFile,
@@ -187,55 +199,160 @@ func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig
 	require.NoError(t, err)
 	objs, err := helm.Objects(manifest)
 	require.NoError(t, err)
-	var args []string
-	var serviceAccount string
+	var job batchv1.Job
 	for _, obj := range objs {
 		if obj.GetKind() == "Job" {
-			var job batchv1.Job
 			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &job))
-			args = job.Spec.Template.Spec.Containers[0].Args
-			serviceAccount = job.Spec.Template.Spec.ServiceAccountName
 			continue
 		}
 		require.NoError(t, env.Client.Create(ctx, obj))
 		t.Cleanup(func() { _ = env.Client.Delete(ctx, obj) })
 	}
-	require.NotEmpty(t, args, "the hook's Job")
+	require.NotEmpty(t, job.Spec.Template.Spec.Containers, "the hook's Job")
+	args := job.Spec.Template.Spec.Containers[0].Args
+	deadline := time.Duration(*job.Spec.ActiveDeadlineSeconds) * time.Second
 
-	pods := env.WebhookNamespace(t, "uninstall")
-	for i := range 3 {
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: pods, Name: fmt.Sprintf("held-%d", i), Finalizers: []string{keys.TrackingFinalizer}},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "worker:1"}}},
+	held := env.WebhookNamespace(t, "uninstall")
+	many, err := env.Namespace(ctx, "uninstall-many")
+	require.NoError(t, err)
+	created := time.Now()
+	var creates errgroup.Group
+	creates.SetLimit(32)
+	for i := range trackedPods {
+		namespace, name := many, fmt.Sprintf("p%05d", i)
+		if i < 3 {
+			namespace, name = held, fmt.Sprintf("held-%d", i)
 		}
-		require.NoError(t, env.Client.Create(ctx, pod))
-		t.Cleanup(func() { _ = env.Client.Delete(ctx, pod) })
+		creates.Go(func() error { return env.Client.Create(ctx, heldPod(namespace, name)) })
 	}
+	require.NoError(t, creates.Wait())
+	t.Logf("%d pods carrying %s created in %s", trackedPods, keys.TrackingFinalizer, time.Since(created).Round(time.Second))
+	t.Cleanup(func() {
+		_ = env.Client.DeleteAllOf(context.Background(), &corev1.Pod{}, client.InNamespace(many))
+	})
+	carrying := func() int {
+		n := 0
+		for _, namespace := range []string{held, many} {
+			var list metav1.PartialObjectMetadataList
+			list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+			require.NoError(t, env.Client.List(ctx, &list, client.InNamespace(namespace)))
+			for _, p := range list.Items {
+				if slices.Contains(p.Finalizers, keys.TrackingFinalizer) {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	var dep appsv1.Deployment
+	aggregatorKey := client.ObjectKey{Namespace: ns, Name: release + "-aggregator"}
+	require.NoError(t, env.Client.Get(ctx, aggregatorKey, &dep))
+	replicas := *dep.Spec.Replicas
+	require.Positive(t, replicas)
+	// stopped reports whether the registration is paused and the
+	// aggregator at zero replicas, failing on any mix of the two.
+	stopped := func() bool {
+		var mwc admissionregistrationv1.MutatingWebhookConfiguration
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: release}, &mwc))
+		conds := mwc.Webhooks[0].MatchConditions
+		i := slices.IndexFunc(conds, func(c admissionregistrationv1.MatchCondition) bool { return c.Name == app.PauseCondition })
+		require.NoError(t, env.Client.Get(ctx, aggregatorKey, &dep))
+		if i < 0 {
+			require.Equal(t, replicas, *dep.Spec.Replicas, "the registration runs but the aggregator does not")
+			return false
+		}
+		assert.Equal(t, "false", conds[i].Expression)
+		require.Zero(t, *dep.Spec.Replicas, "the registration is paused but the aggregator runs")
+		return true
+	}
+	require.False(t, stopped())
 
 	kubeconfig := filepath.Join(dir, "uninstall.kubeconfig")
-	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, serviceAccount, kubeconfig))
-	cmd := exec.Command(filepath.Join(bin, "kubectl-tally"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+dir)
-	out, err := cmd.CombinedOutput()
-	t.Logf("the uninstall hook (kubectl-tally %s):\n%s", strings.Join(args, " "), out)
-	require.NoError(t, err)
-
-	err = env.Client.Get(ctx, client.ObjectKey{Name: release}, &admissionregistrationv1.MutatingWebhookConfiguration{})
-	assert.True(t, apierrors.IsNotFound(err), "the webhook's registration is deleted first: %v", err)
-	var dep appsv1.Deployment
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-aggregator"}, &dep))
-	assert.Equal(t, int32(0), *dep.Spec.Replicas, "the aggregator is scaled to zero")
-	var list corev1.PodList
-	require.NoError(t, env.Client.List(ctx, &list, client.InNamespace(pods)))
-	for _, p := range list.Items {
-		assert.NotContains(t, p.Finalizers, keys.TrackingFinalizer, "pod %s", p.Name)
+	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, job.Spec.Template.Spec.ServiceAccountName, kubeconfig))
+	hook := func(ctx context.Context) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, "kubectl-tally"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		cmd.Env = append(os.Environ(), "HOME="+dir)
+		return cmd
 	}
-	assert.Contains(t, string(out), "3 pod(s) released")
+
+	// Stopped half-way, gracefully and then not.
+	for _, sig := range []os.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		before := carrying()
+		started := time.Now()
+		out := stopHalfWay(t, hook(ctx), before/2, sig)
+		t.Logf("the uninstall hook, stopped by %v after releasing %d pods, exited after %s:\n%s",
+			sig, before/2, time.Since(started).Round(100*time.Millisecond), tail(out, 4))
+		left := carrying()
+		require.Greater(t, left, 0, "the hook finished before it was stopped")
+		require.Less(t, left, before, "the hook released nothing before it was stopped")
+		if sig == syscall.SIGTERM {
+			assert.False(t, stopped(), "a hook stopped by SIGTERM puts tally back as it was")
+			assert.Contains(t, out, "resumed")
+			assert.Contains(t, out, fmt.Sprintf("scaled back to %d", replicas))
+		} else {
+			assert.True(t, stopped(), "a hook killed by SIGKILL leaves tally stopped, for the next run to finish")
+		}
+	}
+
+	// The next run, as helm uninstall runs it again, within the Job's
+	// deadline.
+	left := carrying()
+	runCtx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	started := time.Now()
+	out, err := hook(runCtx).CombinedOutput()
+	took := time.Since(started)
+	t.Logf("the uninstall hook (kubectl-tally %s) released %d pods in %s (deadline %s):\n%s",
+		strings.Join(args, " "), left, took.Round(100*time.Millisecond), deadline, tail(string(out), 5))
+	require.NoError(t, err)
+	assert.Contains(t, string(out), fmt.Sprintf("%d pod(s) released", left), "the run releases what the others left, and only that")
+	assert.Zero(t, carrying())
+	assert.True(t, stopped(), "tally is stopped at the end")
+
 	for _, obj := range objs {
 		if obj.GetKind() != "Job" {
 			require.NoError(t, env.Client.Delete(ctx, obj))
 		}
 	}
+}
+
+// heldPod is a pod carrying the tracking finalizer.
+func heldPod(namespace, name string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Finalizers: []string{keys.TrackingFinalizer}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "worker:1"}}},
+	}
+}
+
+// stopHalfWay starts cmd, sends it sig once it has released n pods, and
+// returns everything it printed.
+func stopHalfWay(t *testing.T, cmd *exec.Cmd, n int, sig os.Signal) string {
+	t.Helper()
+	var out, stderr strings.Builder
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	lines := bufio.NewScanner(stdout)
+	released := 0
+	for lines.Scan() {
+		out.WriteString(lines.Text() + "\n")
+		if strings.HasSuffix(lines.Text(), keys.TrackingFinalizer+" removed") {
+			if released++; released == n {
+				require.NoError(t, cmd.Process.Signal(sig))
+			}
+		}
+	}
+	err = cmd.Wait()
+	out.WriteString(stderr.String())
+	require.Error(t, err, "the hook exits with an error when stopped:\n%s", tail(out.String(), 8))
+	return out.String()
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // permission is one verb on one resource (or non-resource URL), in a

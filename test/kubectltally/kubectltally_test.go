@@ -294,6 +294,18 @@ func TestExplainAndDoctor(t *testing.T) {
 				require.NoError(t, env.Client.Update(ctx, &mwc))
 			}
 		}},
+		{"registration left paused by a killed uninstall", "webhook registration", func(t *testing.T) func() {
+			var mwc admissionregistrationv1.MutatingWebhookConfiguration
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
+			good := mwc.Webhooks[0].MatchConditions
+			mwc.Webhooks[0].MatchConditions = append(slices.Clone(good), admissionregistrationv1.MatchCondition{Name: app.PauseCondition, Expression: "false"})
+			require.NoError(t, env.Client.Update(ctx, &mwc))
+			return func() {
+				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: helm.Release}, &mwc))
+				mwc.Webhooks[0].MatchConditions = good
+				require.NoError(t, env.Client.Update(ctx, &mwc))
+			}
+		}},
 		{"field missing from the CRD", "parent kind WorkerPool.example.tally.dev", func(t *testing.T) func() {
 			var crd apiextensionsv1.CustomResourceDefinition
 			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: "workerpools.example.tally.dev"}, &crd))

@@ -9,6 +9,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -71,9 +74,14 @@ func (o *options) restConfig() (*rest.Config, error) {
 // Main runs the plugin with args (without the program name) and returns its
 // exit code.
 func Main(args []string, streams genericiooptions.IOStreams) int {
+	// SIGTERM (a Job's deadline, a deleted pod) and SIGINT cancel the
+	// command's context, so that a command stopped part-way can undo what
+	// it must not leave half done.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	cmd := NewCommand(streams)
 	cmd.SetArgs(args)
-	err := cmd.Execute()
+	err := cmd.ExecuteContext(ctx)
 	switch {
 	case err == nil:
 		return ExitOK

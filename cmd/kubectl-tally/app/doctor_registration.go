@@ -45,6 +45,10 @@ func (c registrationCheck) run(ctx context.Context, d *doctor) Check {
 		fix := "with certificates.mode=cert-manager, check that cert-manager's cainjector runs; otherwise helm upgrade the chart"
 		return fail(name, fix, "webhook %s has no caBundle: the API server cannot call it", wh.Name)
 	}
+	if pauseIndex(*wh) >= 0 {
+		fix := fmt.Sprintf("an uninstall was killed part-way: run helm uninstall again to finish it; to keep tally instead, delete that match condition (kubectl edit mutatingwebhookconfiguration %s) and scale the aggregator back up", d.release)
+		return fail(name, fix, "webhook %s is paused (match condition %s): no pod is stamped", wh.Name, PauseCondition)
+	}
 	if d.cfg != nil {
 		for _, want := range mutate.MatchConditions(d.cfg) {
 			i := slices.IndexFunc(wh.MatchConditions, func(c admissionregistrationv1.MatchCondition) bool { return c.Name == want.Name })

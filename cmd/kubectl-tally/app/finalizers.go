@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -37,21 +36,30 @@ has recorded a finished pod, and nothing removes it once the aggregator is gone,
 deleted. While tally runs, a pod released this way is not counted in its parent's totals.
 
 With --stop-webhook and --stop-aggregator (the chart's pre-delete hook sets both), it first stops tally from adding
-the finalizer: it deletes the webhook's registration and scales the aggregator to zero, waiting for its pods to go.`,
+the finalizer: it pauses the webhook's registration (a match condition that is always false, so the API server
+calls the webhook for no pod) and scales the aggregator to zero, waiting for its pods to go. If the run fails or
+is stopped (SIGTERM, SIGINT) before every pod is released, it undoes both before it exits: tally runs again as it
+did, the aggregator puts the finalizer back on the running pods released so far, and a later run starts over.`,
 		Example: `  kubectl tally finalizers remove --all-namespaces --dry-run
   kubectl tally finalizers remove -n workers
   kubectl tally finalizers remove -A --stop-webhook tally --stop-aggregator tally-aggregator`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !dryRun {
-				if err := o.stopTracking(cmd.Context(), stop); err != nil {
-					return err
-				}
-			}
 			if parallel < 1 {
 				return fmt.Errorf("--parallel must be at least 1, not %d", parallel)
 			}
-			return o.removeFinalizers(cmd.Context(), allNamespaces, dryRun, stop.aggregator != "", parallel)
+			ctx := cmd.Context()
+			if dryRun {
+				return o.removeFinalizers(ctx, allNamespaces, true, false, parallel)
+			}
+			resume, err := o.stopTracking(ctx, stop)
+			if err == nil {
+				err = o.removeFinalizers(ctx, allNamespaces, false, stop.aggregator != "", parallel)
+			}
+			if err != nil {
+				return o.resumeTracking(ctx, resume, err)
+			}
+			return nil
 		},
 	}
 	remove.Flags().BoolVarP(&allNamespaces, "all-namespaces", "A", false, "remove it from the pods of every namespace")
@@ -59,81 +67,11 @@ the finalizer: it deletes the webhook's registration and scales the aggregator t
 	remove.Flags().IntVar(&parallel, "parallel", 16, "how many pods to patch at once")
 	remove.Flags().Float32Var(&o.qps, "qps", 100, "requests a second to the API server, at most (client-go's default is 5)")
 	remove.Flags().IntVar(&o.burst, "burst", 200, "requests above --qps the client may send in a burst")
-	remove.Flags().StringVar(&stop.webhook, "stop-webhook", "", "first delete this MutatingWebhookConfiguration (tally's), so that no new pod gets the finalizer")
+	remove.Flags().StringVar(&stop.webhook, "stop-webhook", "", "first pause this MutatingWebhookConfiguration (tally's), so that no new pod gets the finalizer")
 	remove.Flags().StringVar(&stop.aggregator, "stop-aggregator", "", "first scale this Deployment of --tally-namespace (tally's aggregator) to zero and wait for its pods to go")
 	remove.Flags().DurationVar(&stop.timeout, "stop-timeout", 2*time.Minute, "how long to wait for the aggregator's pods to go before removing the finalizers anyway")
 	cmd.AddCommand(remove)
 	return cmd
-}
-
-// stopTracking names what adds the finalizer, to stop before removing it.
-type stopTracking struct {
-	webhook, aggregator string
-	timeout             time.Duration
-}
-
-// stopTracking deletes the webhook's registration and scales the aggregator
-// to zero, waiting at most stop.timeout for its pods to go: afterwards
-// nothing adds the finalizer again.
-func (o *options) stopTracking(ctx context.Context, stop stopTracking) error {
-	if stop.webhook == "" && stop.aggregator == "" {
-		return nil
-	}
-	cs, _, err := o.clients()
-	if err != nil {
-		return err
-	}
-	if stop.webhook != "" {
-		err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, stop.webhook, metav1.DeleteOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			fmt.Fprintf(o.streams.Out, "mutatingwebhookconfiguration/%s: already gone\n", stop.webhook)
-		case err != nil:
-			return fmt.Errorf("deleting the webhook's registration %s: %w", stop.webhook, err)
-		default:
-			fmt.Fprintf(o.streams.Out, "mutatingwebhookconfiguration/%s deleted: no new pod gets %s\n", stop.webhook, keys.TrackingFinalizer)
-		}
-	}
-	if stop.aggregator == "" {
-		return nil
-	}
-	deployments := cs.AppsV1().Deployments(o.tallyNamespace)
-	dep, err := deployments.Get(ctx, stop.aggregator, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		fmt.Fprintf(o.streams.Out, "deployment/%s -n %s: already gone\n", stop.aggregator, o.tallyNamespace)
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("reading the aggregator's Deployment %s/%s: %w", o.tallyNamespace, stop.aggregator, err)
-	}
-	scale := []byte(`{"spec":{"replicas":0}}`)
-	if _, err := deployments.Patch(ctx, stop.aggregator, types.MergePatchType, scale, metav1.PatchOptions{}, "scale"); err != nil {
-		return fmt.Errorf("scaling the aggregator %s/%s to zero: %w", o.tallyNamespace, stop.aggregator, err)
-	}
-	selector, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
-	if err != nil {
-		return fmt.Errorf("the aggregator's Deployment %s/%s: %w", o.tallyNamespace, stop.aggregator, err)
-	}
-	deadline := time.Now().Add(stop.timeout)
-	for {
-		pods, err := cs.CoreV1().Pods(o.tallyNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector.String()})
-		if err != nil {
-			return fmt.Errorf("listing the aggregator's pods: %w", err)
-		}
-		if len(pods.Items) == 0 {
-			fmt.Fprintf(o.streams.Out, "deployment/%s -n %s scaled to zero: no aggregator adds %s\n", stop.aggregator, o.tallyNamespace, keys.TrackingFinalizer)
-			return nil
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(o.streams.ErrOut, "warning: %d pod(s) of deployment/%s still run after %s; removing the finalizers anyway\n", len(pods.Items), stop.aggregator, stop.timeout)
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
 }
 
 // removeFinalizers removes the finalizer from every pod of the namespace
