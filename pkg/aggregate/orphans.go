@@ -37,7 +37,7 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedNa
 	if err != nil || len(orphans) == 0 || !r.mayWrite() {
 		return reconcile.Result{}, err
 	}
-	result, err := r.releaseBatch(ctx, orphans, "orphaned", nil)
+	result, err := r.releaseBatch(ctx, orphans, parentGone, nil)
 	if current != "" {
 		// The parent's own step comes at its next reconcile, so that one
 		// reconcile sends at most PodBatch pod patches.
@@ -46,49 +46,72 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedNa
 	return result, err
 }
 
+// releaseReason says why pods are released uncounted, for their Warning
+// Event.
+type releaseReason int
+
+const (
+	// parentGone: each pod gets the Event (its parent is gone).
+	parentGone releaseReason = iota
+	// kindOptedOut: the parent gets it; its kind keeps no totals.
+	kindOptedOut
+	// namespaceNotSelected: the parent gets it; its namespace is not one
+	// the webhook registration selects.
+	namespaceNotSelected
+)
+
 // releaseBatch releases at most PodBatch of pods, none of them recorded, and
 // asks for the parent to be reconciled again when some are left. Each
-// release is reported by a Warning Event: on parent (a kind that keeps no
-// totals any more) naming the pods, else on each pod (its parent is gone).
-func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, action string, parent client.Object) (reconcile.Result, error) {
+// release is reported by a Warning Event for why: on parent naming the
+// pods, or on each pod when its parent is gone.
+func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, why releaseReason, parent client.Object) (reconcile.Result, error) {
 	var result reconcile.Result
 	if len(pods) > PodBatch {
 		pods, result = pods[:PodBatch], reconcile.Result{RequeueAfter: foldRequeue}
 	}
-	err := r.releaseAll(ctx, "", pods, action)
+	err := r.releaseAll(ctx, "", pods, "orphaned")
 	if err != nil || r.Recorder == nil {
 		return result, err
 	}
-	if parent != nil {
-		names := make([]string, len(pods))
-		for i, p := range pods {
-			names[i] = p.Name
-		}
-		reportOptedOut(r.Recorder, parent, r.kind, names)
-		return result, nil
+	names := make([]string, len(pods))
+	for i, p := range pods {
+		names[i] = p.Name
 	}
-	for _, p := range pods {
-		pod := podMeta(p.Namespace, p.Name)
-		pod.SetUID(p.UID)
-		r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "TrackingReleasedOrphan", "ReleaseTracking",
-			"%s %s (UID %s), this pod's controller, is gone: released its tracking finalizer; its finish is not counted in a total",
-			r.kind, p.Controller.Name, p.Controller.UID)
+	switch why {
+	case kindOptedOut:
+		reportOptedOut(r.Recorder, parent, r.kind, names)
+	case namespaceNotSelected:
+		r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "TrackingReleasedOutOfScope", "ReleaseTracking",
+			"namespace %s is not one tally's webhook registration selects (its namespaceSelector): tally tracks no pod there; released the tracking finalizer of %d pod(s), whose finish is not counted in a total: %s",
+			parent.GetNamespace(), len(names), listed(names))
+	default:
+		for _, p := range pods {
+			pod := podMeta(p.Namespace, p.Name)
+			pod.SetUID(p.UID)
+			r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "TrackingReleasedOrphan", "ReleaseTracking",
+				"%s %s (UID %s), this pod's controller, is gone: released its tracking finalizer; its finish is not counted in a total",
+				r.kind, p.Controller.Name, p.Controller.UID)
+		}
 	}
 	return result, nil
 }
 
 // reportOptedOut sends the Warning Event on parent, of kind, whose pods
-// named names lost the tracking finalizer because the kind keeps no totals
-// (at most 20 names are listed).
+// named names lost the tracking finalizer because the kind keeps no totals.
 func reportOptedOut(recorder events.EventRecorder, parent runtime.Object, kind string, names []string) {
+	recorder.Eventf(parent, nil, corev1.EventTypeWarning, "TrackingReleasedOptedOut", "ReleaseTracking",
+		"%s keeps no totals: released the tracking finalizer of %d pod(s), whose finish is not counted in a total: %s",
+		kind, len(names), listed(names))
+}
+
+// listed joins names, at most 20 of them, saying how many more there are.
+func listed(names []string) string {
 	shown := names[:min(len(names), 20)]
 	more := ""
 	if len(names) > len(shown) {
 		more = fmt.Sprintf(" and %d more", len(names)-len(shown))
 	}
-	recorder.Eventf(parent, nil, corev1.EventTypeWarning, "TrackingReleasedOptedOut", "ReleaseTracking",
-		"%s keeps no totals: released the tracking finalizer of %d pod(s), whose finish is not counted in a total: %s%s",
-		kind, len(names), strings.Join(shown, ", "), more)
+	return strings.Join(shown, ", ") + more
 }
 
 // orphans returns the cached pods carrying the finalizer whose controller

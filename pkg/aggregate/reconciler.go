@@ -70,6 +70,8 @@ type Deps struct {
 	// totals left as they are, and the pods' finalizers released by
 	// Unrecorded. Nil: always.
 	Totals *servable.Gate
+	// Scope tells the namespaces where pods are tracked; nil: every one.
+	Scope *Scope
 	// observed is what the reconciles feed the metrics with; a
 	// reconciler of its own when nil.
 	observed *observed
@@ -146,17 +148,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	r.observed.counted.set(key, counts)
-	if r.ledger == nil {
-		// A kind that keeps no totals (any more): the history the counts'
-		// manager holds is handed over before the counts' apply would
-		// remove it. Pods carrying the finalizer although the kind keeps
-		// no totals are released after the counts.
+	inScope := r.Scope.Selects(ctx, parent.GetNamespace())
+	if r.ledger == nil || !inScope {
+		// A kind that keeps no totals (any more), or a parent in a
+		// namespace the webhook registration does not select: the
+		// history the counts' manager holds is handed over before the
+		// counts' apply would remove it, and the totals stay as they
+		// are. Pods carrying the finalizer are released after the counts.
 		if own := ownershipOf(parent); r.countsHoldHistory(parent, own) {
 			if result, err := r.applyTotals(ctx, parent, own, nil); err != nil || result.RequeueAfter > 0 {
 				return result, err
 			}
 		}
-		return r.applyCounts(ctx, parent, counts, r.untracked(pods))
+		why := kindOptedOut
+		if r.ledger != nil {
+			why = namespaceNotSelected
+		}
+		return r.applyCounts(ctx, parent, counts, r.untracked(pods), why)
 	}
 	return r.reconcileTotals(ctx, parent, pods, counts)
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"time"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
@@ -22,6 +24,21 @@ func (r *Reconciler) parentOf(_ context.Context, obj client.Object) []reconcile.
 // self maps a parent to itself, and records the change as pending.
 func (r *Reconciler) self(_ context.Context, obj client.Object) []reconcile.Request {
 	return r.pendingRequest(client.ObjectKeyFromObject(obj))
+}
+
+// parentsIn maps a namespace to the cached parents of this kind in it.
+func (r *Reconciler) parentsIn(ctx context.Context, obj client.Object) []reconcile.Request {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(r.gvk.GroupVersion().WithKind(r.gvk.Kind + "List"))
+	if err := r.Parents.List(ctx, list, client.InNamespace(obj.GetName())); err != nil {
+		log.FromContext(ctx).Error(err, "Listing the parents of a namespace whose labels changed; they are reconciled at their next change", "namespace", obj.GetName())
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		out = append(out, r.pendingRequest(client.ObjectKeyFromObject(&list.Items[i]))...)
+	}
+	return out
 }
 
 // enqueue has the parent of pod reconciled: pod was read by a sweep, or is

@@ -20,11 +20,13 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -71,8 +73,9 @@ type Options struct {
 	// TrackingGrace is how long a finished pod of a kind with totals may
 	// wait to be recorded before it is released uncounted (lost).
 	TrackingGrace time.Duration
-	// Namespaces selects the namespaces whose pods the backfill stamps: the
-	// webhook registration's namespaceSelector. Nil selects every one.
+	// Namespaces selects the namespaces whose pods the backfill stamps and
+	// the aggregator tracks: the webhook registration's namespaceSelector.
+	// Nil selects every one.
 	Namespaces labels.Selector
 }
 
@@ -123,6 +126,13 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 		return fmt.Errorf("watching pods for the backfill: %w", err)
 	}
 
+	scope := NewScope(opts.Namespaces, mgr.GetCache())
+	if scope != nil {
+		if _, err := mgr.GetCache().GetInformer(ctx, namespaceMeta()); err != nil {
+			return fmt.Errorf("creating the namespace informer (tally tracks pods only in the namespaces its namespaceSelector selects): %w", err)
+		}
+	}
+
 	kindChecker := servable.NewChecker(mgr.GetRESTMapper(), disco)
 	gate := servable.NewGate(kindChecker, parents, log.WithName("totals"))
 	if err := mgr.Add(gate); err != nil {
@@ -143,7 +153,7 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	if err := mgr.Add(unrecorded); err != nil {
 		return err
 	}
-	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, observed: obs, opts: opts}
+	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, observed: obs, scope: scope, opts: opts}
 	backfill.Unstamped.Notify(k.notify)
 	var pending []config.Parent
 	for _, p := range parents {
@@ -186,6 +196,7 @@ type kinds struct {
 	reconciled *reconciledParents
 	observed   *observed
 	recorder   events.EventRecorder
+	scope      *Scope
 	opts       Options
 	// served holds the reconciler of each kind served, by GroupKind.
 	served sync.Map
@@ -211,12 +222,17 @@ func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 	r := NewReconciler(p, Deps{
 		Parents: k.mgr.GetCache(), Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
 		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite,
-		Recorder: k.recorder, Totals: k.gate, reconciled: k.reconciled, observed: k.observed,
+		Recorder: k.recorder, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, observed: k.observed,
 	})
-	err := ctrl.NewControllerManagedBy(k.mgr).
+	b := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).
 		Watches(newParent(p.GroupVersionKind()), handler.EnqueueRequestsFromMapFunc(r.self)).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.parentOf)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.parentOf))
+	if k.scope != nil {
+		// A namespace whose labels change may enter or leave the scope.
+		b = b.Watches(namespaceMeta(), handler.EnqueueRequestsFromMapFunc(r.parentsIn), builder.WithPredicates(predicate.LabelChangedPredicate{}))
+	}
+	err := b.
 		WatchesRawSource(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 			r.queue.Store(&q)
 			return nil

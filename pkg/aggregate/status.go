@@ -16,8 +16,8 @@ import (
 )
 
 // applyCounts writes the counts when they differ from what the parent
-// shows, then removes the finalizer of the pods in orphaned.
-func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, orphaned []*Pod) (reconcile.Result, error) {
+// shows, then removes the finalizer of the pods in orphaned, for why.
+func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, orphaned []*Pod, why releaseReason) (reconcile.Result, error) {
 	if !r.differs(parent, counts) {
 		r.skipped.Inc()
 	} else {
@@ -30,7 +30,7 @@ func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstr
 		}
 	}
 	if len(orphaned) > 0 && r.mayWrite() {
-		return r.releaseBatch(ctx, orphaned, "orphaned", parent)
+		return r.releaseBatch(ctx, orphaned, why, parent)
 	}
 	return reconcile.Result{}, nil
 }

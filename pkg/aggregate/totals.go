@@ -34,7 +34,7 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 			return result, err
 		}
 	}
-	if result, err := r.applyCounts(ctx, parent, counts, nil); err != nil || result.RequeueAfter > 0 {
+	if result, err := r.applyCounts(ctx, parent, counts, nil, kindOptedOut); err != nil || result.RequeueAfter > 0 {
 		return result, err
 	}
 	if !r.totalsServed(ctx) {

@@ -167,7 +167,7 @@ func TestAggregatorRBAC(t *testing.T) {
 	require.True(t, find(t, objs, "ClusterRole", "tally-aggregator", &role))
 	assert.ElementsMatch(t, []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "patch"}},
-		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"list"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{"batch.example.com"}, Resources: []string{"batchruns"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"batch.example.com"}, Resources: []string{"batchruns/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{"example.tally.dev"}, Resources: []string{"workerpools"}, Verbs: []string{"get", "list", "watch"}},

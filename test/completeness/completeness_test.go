@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,6 +21,7 @@ import (
 
 	aggregatorapp "tally.dev/tally/cmd/aggregator/app"
 	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -136,6 +139,70 @@ func TestSweepFollowsTheNamespaceSelector(t *testing.T) {
 		assert.Empty(t, p.Finalizers, "pod %s", p.Name)
 	}
 	assert.Equal(t, int64(0), shown(t, out, "pool")[config.Active], "the excluded namespace's pods are not counted")
+}
+
+// TestTrackingFollowsTheNamespaceSelector: in a namespace the
+// namespaceSelector leaves out, a parent's pods stamped by their operator
+// are counted but never given the tracking finalizer, and a pod carrying it
+// is released with a Warning Event on the parent; once the namespace's
+// labels bring it into the selector, its running pods are tracked.
+func TestTrackingFollowsTheNamespaceSelector(t *testing.T) {
+	ctx := context.Background()
+	out := namespace(t)
+	exclude := func(excluded bool) {
+		nsObj := &corev1.Namespace{}
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: out}, nsObj))
+		if excluded {
+			nsObj.Labels["tally.example/excluded"] = "true"
+		} else {
+			delete(nsObj.Labels, "tally.example/excluded")
+		}
+		require.NoError(t, env.Client.Update(ctx, nsObj))
+	}
+	exclude(true)
+	uid := createPool(t, out, "pool")
+	stamped := func(name string) *builder.PodBuilder {
+		// As the webhook stamps: the aggregator tracks only such pods.
+		return builder.Pod(out, name).ControlledBy(operator.GVK, "pool", uid).
+			Label(keys.ParentUID, string(uid)).Label(keys.ParentName, "pool").
+			Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool")
+	}
+	names := []string{"run-0", "run-1", "held"}
+	createAll(t, env.Client, []*corev1.Pod{stamped(names[0]).Build(), stamped(names[1]).Build(),
+		stamped(names[2]).Finalizer(keys.TrackingFinalizer).Build()})
+	tracked := func() []string {
+		var pods corev1.PodList
+		require.NoError(t, env.Client.List(ctx, &pods, client.InNamespace(out)))
+		var names []string
+		for _, p := range pods.Items {
+			if slices.Contains(p.Finalizers, keys.TrackingFinalizer) {
+				names = append(names, p.Name)
+			}
+		}
+		return names
+	}
+
+	selector := config.DefaultNamespaceSelector()
+	selector.MatchExpressions = append(selector.MatchExpressions,
+		metav1.LabelSelectorRequirement{Key: "tally.example/excluded", Operator: metav1.LabelSelectorOpDoesNotExist})
+	pools := []config.Parent{helm.WorkerPool(append(config.Counts, config.Totals...)...)}
+	runAggregator(t, &config.Config{Parents: pools, NamespaceSelector: selector}, aggregatorapp.Options{
+		MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4, BackfillInterval: time.Minute, QPS: 50, Burst: 100,
+	})
+	require.Eventually(t, func() bool { return shown(t, out, "pool")[config.Active] == 3 }, 30*time.Second, 200*time.Millisecond,
+		"the pods their operator stamped are counted, whatever the namespace")
+	require.Eventually(t, func() bool { return len(tracked()) == 0 }, 30*time.Second, 200*time.Millisecond,
+		"the pod carrying the finalizer is released: %v", tracked())
+	var events eventsv1.EventList
+	require.NoError(t, env.Client.List(ctx, &events, client.InNamespace(out)))
+	assert.True(t, slices.ContainsFunc(events.Items, func(e eventsv1.Event) bool {
+		return e.Reason == "TrackingReleasedOutOfScope" && e.Regarding.UID == uid && strings.Contains(e.Note, "held")
+	}), "a Warning Event on the parent names the released pod")
+	assert.Empty(t, tracked(), "no pod of a namespace out of scope gets the finalizer")
+
+	exclude(false)
+	require.Eventually(t, func() bool { return len(tracked()) == len(names) }, 30*time.Second, 200*time.Millisecond,
+		"once in scope, its running pods are tracked: %v", tracked())
 }
 
 // releaseHold removes the test's finalizer from pod, so that its deletion

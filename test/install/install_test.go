@@ -419,7 +419,7 @@ func assertPermissions(t *testing.T, ctx context.Context) {
 	want := map[string][]permission{
 		release + "-aggregator": append([]permission{
 			{"", "", "pods", "", "get"}, {"", "", "pods", "", "list"}, {"", "", "pods", "", "watch"}, {"", "", "pods", "", "patch"},
-			{"", "", "namespaces", "", "list"},
+			{"", "", "namespaces", "", "list"}, {"", "", "namespaces", "", "watch"},
 			{"", "example.tally.dev", "workerpools", "", "get"}, {"", "example.tally.dev", "workerpools", "", "list"}, {"", "example.tally.dev", "workerpools", "", "watch"},
 			{"", "example.tally.dev", "workerpools/status", "", "patch"},
 			{"", "held.tally.dev", "heldbackpools", "", "get"}, {"", "held.tally.dev", "heldbackpools", "", "list"}, {"", "held.tally.dev", "heldbackpools", "", "watch"},
