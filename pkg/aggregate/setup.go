@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -108,9 +109,10 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 		return fmt.Errorf("creating discovery client: %w", err)
 	}
 
+	parentCache := &parentCaches{mgr: mgr}
 	var checker mutate.OwnerChecker
 	if opts.VerifyOwner {
-		checker = mutate.NewReaderOwnerChecker(parents, mgr.GetCache(), newParent, mgr.GetAPIReader())
+		checker = mutate.NewReaderOwnerChecker(parents, parentCache, newParent, mgr.GetAPIReader())
 	}
 	log := ctrl.LoggerFrom(ctx)
 	backfill := NewBackfill(mutate.NewMutator(parents, checker), mgr.GetAPIReader(), mgr.GetClient(), indexed.GetIndexer(),
@@ -147,13 +149,13 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	})); err != nil {
 		return err
 	}
-	unrecorded := NewUnrecorded(parents, gate, indexed.GetIndexer(), mgr.GetCache(), mgr.GetClient(),
+	unrecorded := NewUnrecorded(parents, gate, indexed.GetIndexer(), parentCache, mgr.GetClient(),
 		recorder, opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))
 	unrecorded.live = mgr.GetAPIReader()
 	if err := mgr.Add(unrecorded); err != nil {
 		return err
 	}
-	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, observed: obs, scope: scope, opts: opts}
+	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, observed: obs, scope: scope, parents: parentCache, opts: opts}
 	backfill.Unstamped.Notify(k.notify)
 	var pending []config.Parent
 	for _, p := range parents {
@@ -197,6 +199,7 @@ type kinds struct {
 	observed   *observed
 	recorder   events.EventRecorder
 	scope      *Scope
+	parents    *parentCaches
 	opts       Options
 	// served holds the reconciler of each kind served, by GroupKind.
 	served sync.Map
@@ -219,20 +222,31 @@ func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 		kindProblems.WithLabelValues(kind, problem.Name).Set(1)
 		return problem, nil
 	}
+	kc, err := k.parents.add(p.GroupVersionKind())
+	if err != nil {
+		return nil, err
+	}
 	r := NewReconciler(p, Deps{
-		Parents: k.mgr.GetCache(), Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
+		Parents: k.parents, Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
 		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite,
 		Recorder: k.recorder, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, observed: k.observed,
 	})
 	b := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).
-		Watches(newParent(p.GroupVersionKind()), handler.EnqueueRequestsFromMapFunc(r.self)).
+		WatchesRawSource(source.Kind(kc, newParent(p.GroupVersionKind()), handler.EnqueueRequestsFromMapFunc(r.self))).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.parentOf))
 	if k.scope != nil {
-		// A namespace whose labels change may enter or leave the scope.
-		b = b.Watches(namespaceMeta(), handler.EnqueueRequestsFromMapFunc(r.parentsIn), builder.WithPredicates(predicate.LabelChangedPredicate{}))
+		// A namespace whose labels change may enter or leave the scope;
+		// a new one has no parent yet.
+		labelsChanged := predicate.Funcs{
+			CreateFunc:  func(event.CreateEvent) bool { return false },
+			DeleteFunc:  func(event.DeleteEvent) bool { return false },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+			UpdateFunc:  predicate.LabelChangedPredicate{}.Update,
+		}
+		b = b.Watches(namespaceMeta(), handler.EnqueueRequestsFromMapFunc(r.parentsIn), builder.WithPredicates(labelsChanged))
 	}
-	err := b.
+	err = b.
 		WatchesRawSource(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 			r.queue.Store(&q)
 			return nil

@@ -454,3 +454,72 @@ func TestConfigChangesKeepHistory(t *testing.T) {
 		}
 	}
 }
+
+// TestUnlistableKindStallsNoOther: beside a healthy kind and a kind that
+// cannot keep totals, a third kind the API server cannot list (its served
+// version needs a conversion webhook that is not there) has a tracked pod.
+// Its informer never syncs; the other kinds' controllers start all the same
+// (each kind's parents have a cache of their own) and their releases
+// happen (the release passes read parents within a bound): the unservable
+// kind's pods lose the finalizer, and the healthy kind's deleted pods,
+// whose records the API server keeps refusing, are released after the
+// grace.
+func TestUnlistableKindStallsNoOther(t *testing.T) {
+	ctx := context.Background()
+	unlistable := kindCRD("Unlistable", true, true)
+	v2 := *unlistable.Spec.Versions[0].DeepCopy()
+	v2.Name, v2.Storage = "v2", false
+	unlistable.Spec.Versions = append(unlistable.Spec.Versions, v2)
+	unlistable.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{
+		Strategy: apiextensionsv1.WebhookConverter,
+		Webhook: &apiextensionsv1.WebhookConversion{
+			ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/convert")},
+			ConversionReviewVersions: []string{"v1"},
+		},
+	}
+	installCRD(t, unlistable)
+	installCRD(t, kindCRD("Unserved", true, false))
+	gvk := func(kind, version string) schema.GroupVersionKind {
+		return schema.GroupVersionKind{Group: strandGroup, Version: version, Kind: kind}
+	}
+	var cfg strings.Builder
+	cfg.WriteString("parents:\n")
+	cfg.WriteString("  - {group: example.tally.dev, version: v1, kind: WorkerPool, counts: {completing: status.completing, unexpectedTotal: status.unexpectedTotal}, ledger: status.tallyLedger}\n")
+	fmt.Fprintf(&cfg, "  - {group: %s, version: v2, kind: Unlistable, counts: {completing: status.completing, unexpectedTotal: status.unexpectedTotal}, ledger: status.tallyLedger}\n", strandGroup)
+	fmt.Fprintf(&cfg, "  - {group: %s, version: v1, kind: Unserved, counts: {completing: status.completing, unexpectedTotal: status.unexpectedTotal}, ledger: status.tallyLedger}\n", strandGroup)
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(cfg.String()), 0o600))
+
+	ns := namespace(t)
+	startWebhook(t, ns, path)
+	// Created in the storage version, the object cannot be listed in v2.
+	stuckUID, _ := createParent(t, gvk("Unlistable", "v1"), ns, "stuck", 0)
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(gvk("UnlistableList", "v2"))
+	require.Error(t, env.Client.List(ctx, list, client.InNamespace(ns)), "the API server lists the kind in v2")
+	stuck := tracked(t, gvk("Unlistable", "v2"), ns, "stuck", stuckUID, 1)
+	t.Cleanup(func() { releaseAll(t, stuck) })
+	unservedUID, _ := createParent(t, gvk("Unserved", "v1"), ns, "unserved", 0)
+	unserved := tracked(t, gvk("Unserved", "v1"), ns, "unserved", unservedUID, 2)
+	_, pods := createPool(t, ns, "pool", 3)
+	for _, p := range pods {
+		require.Contains(t, p.Finalizers, keys.TrackingFinalizer)
+	}
+	blockStatusWrites(t, ns)
+
+	startAggregator(t, "aggregator", path, "", "--tracking-grace", "3s")
+	took := goneWithin(t, append(pods, unserved...), 30*time.Second)
+	t.Logf("the other kinds' pods gone %s after their deletion", took.Round(10*time.Millisecond))
+	assert.Equal(t, []string{stuck[0].Name}, withFinalizer(t, ns), "the unlistable kind's pod is left to its kind")
+}
+
+// releaseAll removes the tracking finalizer from pods, so that their
+// namespace can go.
+func releaseAll(t *testing.T, pods []*corev1.Pod) {
+	for _, p := range pods {
+		err := env.Client.Patch(context.Background(), p.DeepCopy(), client.RawPatch(types.StrategicMergePatchType, aggregate.ReleasePatch(p.UID)))
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("releasing %s: %v", p.Name, err)
+		}
+	}
+}
