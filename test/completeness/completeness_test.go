@@ -52,7 +52,7 @@ func TestInstallIntoRunningCluster(t *testing.T) {
 	w.start(t)
 	w.register(t, ns, admissionregistrationv1.Fail)
 	written := record(t, ns)
-	startAggregator(t, time.Hour, false)
+	startAggregator(t, ns, time.Hour, false)
 
 	for _, name := range names {
 		converges(t, ns, name, uids[name], 60*time.Second)
@@ -182,7 +182,7 @@ func TestTrackingFollowsTheNamespaceSelector(t *testing.T) {
 		return names
 	}
 
-	selector := config.DefaultNamespaceSelector()
+	selector := only(out)
 	selector.MatchExpressions = append(selector.MatchExpressions,
 		metav1.LabelSelectorRequirement{Key: "tally.example/excluded", Operator: metav1.LabelSelectorOpDoesNotExist})
 	pools := []config.Parent{helm.WorkerPool(append(config.Counts, config.Totals...)...)}
@@ -222,7 +222,7 @@ func TestOutageUnderIgnore(t *testing.T) {
 	w := newWebhook(t)
 	w.start(t)
 	w.register(t, ns, admissionregistrationv1.Ignore)
-	startAggregator(t, 3*time.Second, false)
+	startAggregator(t, ns, 3*time.Second, false)
 
 	uid := createPool(t, ns, "pool")
 	createAll(t, env.Client, podsOf(ns, "pool", uid, 0, 10))
@@ -257,7 +257,7 @@ func TestOutageUnderFailAtStart(t *testing.T) {
 	err := env.Client.Create(context.Background(), podsOf(ns, "pool", uid, 20, 1)[0])
 	require.Error(t, err, "the webhook is down under Fail: a tracked pod is refused")
 
-	startAggregator(t, time.Hour, false)
+	startAggregator(t, ns, time.Hour, false)
 	converges(t, ns, "pool", uid, 60*time.Second)
 	stamps(t, ns)
 }
@@ -270,7 +270,7 @@ func TestSweepVerifiesOwners(t *testing.T) {
 	createAll(t, env.Client, podsOf(ns, "pool", uid, 0, 5))
 	createAll(t, env.Client, podsOf(ns, "ghost", "6d1e5b3c-0000-4000-8000-000000000000", 0, 3))
 
-	startAggregator(t, time.Hour, true)
+	startAggregator(t, ns, time.Hour, true)
 	converges(t, ns, "pool", uid, 60*time.Second)
 	require.Eventually(t, func() bool { return len(unstamped(t, ns)) == 3 }, 30*time.Second, 100*time.Millisecond)
 	assert.ElementsMatch(t, []string{"ghost-000", "ghost-001", "ghost-002"}, unstamped(t, ns))

@@ -136,10 +136,19 @@ func (w *webhook) register(t *testing.T, ns string, policy admissionregistration
 
 // startAggregator runs the aggregator as helm.AggregatorUser until the
 // test ends.
-func startAggregator(t *testing.T, backfill time.Duration, verifyOwner bool) {
+func startAggregator(t *testing.T, ns string, backfill time.Duration, verifyOwner bool) {
 	t.Helper()
-	runAggregator(t, &config.Config{Parents: workerPools, VerifyOwner: verifyOwner},
+	runAggregator(t, &config.Config{Parents: workerPools, VerifyOwner: verifyOwner, NamespaceSelector: only(ns)},
 		aggregatorapp.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 4, BackfillInterval: backfill, QPS: 50, Burst: 100})
+}
+
+// only selects namespace ns: an aggregator of one test sweeps and tracks
+// its pods alone, not the pods the package's other tests left, which its
+// config may stamp differently (its sweep would take their time).
+func only(ns string) *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpIn, Values: []string{ns}},
+	}}
 }
 
 // runAggregator runs the aggregator with cfg and opts as
