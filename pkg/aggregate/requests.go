@@ -26,8 +26,12 @@ func (r *Reconciler) self(_ context.Context, obj client.Object) []reconcile.Requ
 	return r.pendingRequest(client.ObjectKeyFromObject(obj))
 }
 
-// parentsIn maps a namespace to the cached parents of this kind in it.
+// parentsIn maps a namespace to the cached parents of this kind in it. The
+// read is bounded as Unrecorded's are: a kind whose cache has not synced
+// would otherwise hold this handler, and its later events, until it does.
 func (r *Reconciler) parentsIn(ctx context.Context, obj client.Object) []reconcile.Request {
+	ctx, cancel := context.WithTimeout(ctx, parentReadWait)
+	defer cancel()
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(r.gvk.GroupVersion().WithKind(r.gvk.Kind + "List"))
 	if err := r.Parents.List(ctx, list, client.InNamespace(obj.GetName())); err != nil {
