@@ -145,6 +145,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"bad-typo.yaml":                      "additional properties 'webhok' not allowed",
 		"bad-no-resource.yaml":               "at '/parents/0': missing property 'resource'",
 		"bad-timeout.yaml":                   "at '/webhook/timeoutSeconds': maximum: got 60, want 30",
+		"bad-image-digest.yaml":              "at '/image/digest': 'sha256:1234' does not match pattern",
 		"bad-replicas-without-election.yaml": "at '/aggregator/replicas': value must be 1",
 		"bad-replicaset.yaml":                "at '/parents/0': 'not' failed",
 		"bad-alert-ratio.yaml":               "at '/metrics/prometheusRule/thresholds/applyConflictRatio': maximum: got 2, want 1",
@@ -403,4 +404,52 @@ func TestSecretCertificatesAreStableUnderGitOps(t *testing.T) {
 	_, err = template("certificates.mode=secret")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "at '/certificates/secret/name': minLength")
+}
+
+// TestImageReference: the image runs by tag (the appVersion by default), by
+// digest when image.digest is set (a released chart), and by the user's tag
+// when both are set; the uninstall hook runs the same image.
+func TestImageReference(t *testing.T) {
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	tests := []struct {
+		name string
+		set  []string
+		want string
+	}{
+		{name: "default", want: "tally.local/tally:" + chartAppVersion(t)},
+		{name: "tag", set: []string{"image.tag=1.2.3"}, want: "tally.local/tally:1.2.3"},
+		{name: "digest", set: []string{"image.repository=registry.example/team/tally", "image.digest=" + digest}, want: "registry.example/team/tally@" + digest},
+		{name: "a tag overrides the digest", set: []string{"image.digest=" + digest, "image.tag=1.2.3"}, want: "tally.local/tally:1.2.3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{"template", release, helm.Chart(), "--namespace", namespace}
+			for _, s := range tt.set {
+				args = append(args, "--set", s)
+			}
+			out, err := helm.Run(args...)
+			require.NoError(t, err)
+			var images []string
+			for _, u := range objects(t, out) {
+				containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+				for _, c := range containers {
+					images = append(images, c.(map[string]any)["image"].(string))
+				}
+			}
+			require.Len(t, images, 3, "the webhook, the aggregator and the uninstall hook")
+			for _, image := range images {
+				assert.Equal(t, tt.want, image)
+			}
+		})
+	}
+}
+
+// chartAppVersion is the chart's appVersion.
+func chartAppVersion(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(helm.Chart(), "Chart.yaml"))
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^appVersion:\s*"?([^"\s]+)"?`).FindSubmatch(data)
+	require.NotNil(t, m, "Chart.yaml has no appVersion")
+	return string(m[1])
 }

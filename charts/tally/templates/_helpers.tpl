@@ -29,7 +29,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "tally.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- if .Values.image.tag -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- else if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{/* The config file both components read (pkg/config). */}}
