@@ -16,8 +16,9 @@ PROMETHEUS_VERSION := $(call gomod_version,prometheus,github.com/prometheus/prom
 GORELEASER_VERSION := $(call gomod_version,goreleaser,github.com/goreleaser/goreleaser/v2)
 SYFT_VERSION := $(call gomod_version,syft,github.com/anchore/syft)
 KREW_VERSION := $(call gomod_version,krew,sigs.k8s.io/krew)
+COSIGN_VERSION := $(call gomod_version,cosign,github.com/sigstore/cosign/v3)
 ACTIONLINT_VERSION := $(call gomod_version,actionlint,github.com/rhysd/actionlint)
-$(foreach v,KUBERNETES_VERSION HELM_VERSION PROMETHEUS_VERSION GORELEASER_VERSION SYFT_VERSION KREW_VERSION ACTIONLINT_VERSION,\
+$(foreach v,KUBERNETES_VERSION HELM_VERSION PROMETHEUS_VERSION GORELEASER_VERSION SYFT_VERSION KREW_VERSION COSIGN_VERSION ACTIONLINT_VERSION,\
 	$(if $($(v)),,$(error $(v): its module is not required in its hack/*/go.mod)))
 STATICCHECK_VERSION := v0.8.2
 CERT_MANAGER_VERSION := v1.21.2
@@ -39,6 +40,7 @@ GORELEASER := $(BIN)/goreleaser-$(GORELEASER_VERSION)
 # goreleaser runs the command named syft: one folder per version.
 SYFT := $(BIN)/syft-$(SYFT_VERSION)/syft
 KREW := $(BIN)/krew-$(KREW_VERSION)
+COSIGN := $(BIN)/cosign-$(COSIGN_VERSION)
 ACTIONLINT := $(BIN)/actionlint-$(ACTIONLINT_VERSION)
 KUBECTL := $(ENVTEST_DIR)/kubectl
 NODE_BINARIES := $(addprefix $(ENVTEST_DIR)/,kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
@@ -58,6 +60,7 @@ export PROMTOOL
 export GORELEASER
 export SYFT
 export KREW
+export COSIGN
 export KUBECTL
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
@@ -190,8 +193,9 @@ $(PROMETHEUS_OPERATOR_CRDS):
 	cp $$dir/example/prometheus-operator-crd/monitoring.coreos.com_{servicemonitors,prometheusrules}.yaml $@.tmp/ && mv $@.tmp $@
 
 # The release tools, each built from its own module under hack/ (the version
-# its go.mod requires): goreleaser and syft make a release, krew installs
-# its kubectl plugin in the release test, actionlint checks the workflows.
+# its go.mod requires): goreleaser and syft make a release, cosign signs and
+# attests it, krew installs its kubectl plugin in the release test,
+# actionlint checks the workflows.
 $(GORELEASER): hack/goreleaser/go.mod
 	@echo ">> building goreleaser $(GORELEASER_VERSION) from source"
 	cd hack/goreleaser && go build -o $@ github.com/goreleaser/goreleaser/v2
@@ -204,12 +208,16 @@ $(KREW): hack/krew/go.mod
 	@echo ">> building krew $(KREW_VERSION) from source"
 	cd hack/krew && go build -o $@ sigs.k8s.io/krew/cmd/krew
 
+$(COSIGN): hack/cosign/go.mod
+	@echo ">> building cosign $(COSIGN_VERSION) from source"
+	cd hack/cosign && go build -o $@ github.com/sigstore/cosign/v3/cmd/cosign
+
 $(ACTIONLINT): hack/actionlint/go.mod
 	@echo ">> building actionlint $(ACTIONLINT_VERSION) from source"
 	cd hack/actionlint && go build -o $@ github.com/rhysd/actionlint/cmd/actionlint
 
 .PHONY: release-tools
-release-tools: $(GORELEASER) $(SYFT) $(KREW) $(KUBECTL) $(HELM) ## Build what make release and its test use: goreleaser, syft, krew, kubectl, helm.
+release-tools: $(GORELEASER) $(SYFT) $(COSIGN) $(KREW) $(KUBECTL) $(HELM) ## Build what make release and its test use: goreleaser, syft, cosign, krew, kubectl, helm.
 
 # A release: VERSION (x.y.z, the newest section of CHANGELOG.md), REGISTRY
 # (where make publish pushes: the image to REGISTRY/tally, the chart to
@@ -218,20 +226,30 @@ release-tools: $(GORELEASER) $(SYFT) $(KREW) $(KUBECTL) $(HELM) ## Build what ma
 # the release's files are downloaded from: the krew manifest's archives)
 # and, optionally, RUNBOOK_URL (the released chart's runbook URL for its
 # alerts). No default names a registry or a home: a release says where it
-# goes.
+# goes. COSIGN_KEY: cosign's private key (a file or KMS URI, its password in
+# COSIGN_PASSWORD), no transparency log; empty: keyless, the release
+# workflow's way. SNAPSHOT=true builds a tree that is not clean or not
+# tagged v$(VERSION) (a trial, not a release). BUILDER_ID and INVOCATION_ID
+# go into the provenance.
 VERSION ?=
 REGISTRY ?=
 PROJECT_URL ?=
 DOWNLOAD_URL ?=
 RUNBOOK_URL ?=
+COSIGN_KEY ?=
+SNAPSHOT ?= false
+BUILDER_ID ?= make-release:local
+INVOCATION_ID ?=
 
 .PHONY: release
-release: $(GORELEASER) $(SYFT) $(HELM) ## Build a release into dist/: image and chart archives, kubectl-tally archives, SBOMs, krew manifest, checksums (VERSION=x.y.z REGISTRY=... PROJECT_URL=... DOWNLOAD_URL=...).
-	go run ./hack/release build --version "$(VERSION)" --registry "$(REGISTRY)" --project-url "$(PROJECT_URL)" --download-url "$(DOWNLOAD_URL)" --runbook-url "$(RUNBOOK_URL)" --helm $(HELM) --goreleaser $(GORELEASER) --syft $(SYFT)
+release: $(GORELEASER) $(SYFT) $(COSIGN) $(HELM) ## Build a release into dist/: image and chart archives, kubectl-tally archives, SBOMs, krew manifest, static install manifest, provenance, signed checksums (VERSION=x.y.z REGISTRY=... PROJECT_URL=... DOWNLOAD_URL=... [COSIGN_KEY=...] [SNAPSHOT=true]).
+	go run ./hack/release build --version "$(VERSION)" --registry "$(REGISTRY)" --project-url "$(PROJECT_URL)" --download-url "$(DOWNLOAD_URL)" --runbook-url "$(RUNBOOK_URL)" \
+		--snapshot=$(SNAPSHOT) --builder-id "$(BUILDER_ID)" --invocation-id "$(INVOCATION_ID)" --cosign $(COSIGN) --cosign-key "$(COSIGN_KEY)" \
+		--helm $(HELM) --goreleaser $(GORELEASER) --syft $(SYFT)
 
 .PHONY: publish
-publish: $(HELM) ## Push the release in dist/ to REGISTRY: the image, and the chart with helm push (PLAIN_HTTP=true for a local registry).
-	go run ./hack/release publish --registry "$(REGISTRY)" --helm $(HELM) $(if $(filter true,$(PLAIN_HTTP)),--plain-http)
+publish: $(HELM) $(COSIGN) ## Push the release in dist/ to REGISTRY (the image, the chart with helm push), sign both and attest the provenance and SBOMs to the image ([COSIGN_KEY=...] PLAIN_HTTP=true for a local registry).
+	go run ./hack/release publish --registry "$(REGISTRY)" --helm $(HELM) --cosign $(COSIGN) --cosign-key "$(COSIGN_KEY)" $(if $(filter true,$(PLAIN_HTTP)),--plain-http)
 
 # cert-manager's CRDs, taken from its Go module (manifests only), for the
 # server-side dry-run of the chart's Issuer and Certificate.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,13 +25,30 @@ type record struct {
 	// Registry is where publish pushes both.
 	Registry string `json:"registry"`
 	// Image is <registry>/tally:<version>, the chart's default image.
-	Image        string `json:"image"`
-	ImageDigest  string `json:"imageDigest"`
-	ImageArchive string `json:"imageArchive"`
+	Image       string `json:"image"`
+	ImageDigest string `json:"imageDigest"`
+	// PlatformDigests are the digests of the index's images by platform
+	// (linux/amd64): each one's SBOM is attested to it.
+	PlatformDigests map[string]string `json:"platformDigests"`
+	ImageArchive    string            `json:"imageArchive"`
 	// Chart is oci://<registry>/charts/tally, helm install's reference.
+	// The packaged chart runs the image by ImageDigest.
 	Chart        string `json:"chart"`
 	ChartArchive string `json:"chartArchive"`
+	// InstallManifest is the chart rendered with its defaults (cert-manager
+	// certificates) for kubectl apply --server-side, with its namespace.
+	InstallManifest string `json:"installManifest"`
+	// Prerelease: the version has a pre-release part (1.2.0-rc.1).
+	Prerelease bool `json:"prerelease"`
+	// Snapshot: built without the clean-tree and tag checks; not a release.
+	Snapshot bool `json:"snapshot"`
 }
+
+// krewManifest is the name of the krew manifest in a release.
+const krewManifest = "tally.yaml"
+
+// installNamespace is the namespace of the static install manifest.
+const installNamespace = "tally-system"
 
 // chartRepository is the OCI repository helm push pushes a chart to: its
 // charts live under <registry>/charts.
@@ -46,6 +64,12 @@ type builder struct {
 	runbook                string
 	root, staging          string
 	helm, goreleaser, syft string
+	// snapshot skips the clean-tree and tag checks (checkSource).
+	snapshot bool
+	// builderID and invocationID are the provenance's builder.id and
+	// metadata.invocationId.
+	builderID, invocationID string
+	sign                    signer
 }
 
 func (b builder) build() error {
@@ -72,6 +96,12 @@ func (b builder) build() error {
 	if err != nil {
 		return err
 	}
+	if !b.snapshot {
+		if err := checkSource(root, b.version); err != nil {
+			return err
+		}
+	}
+	started := time.Now().UTC()
 	abs := func(p string) string {
 		if filepath.IsAbs(p) {
 			return p
@@ -93,25 +123,40 @@ func (b builder) build() error {
 	if err != nil {
 		return err
 	}
-	_, created, err := repo.LastCommit(root)
+	revision, created, err := repo.LastCommit(root)
 	if err != nil {
 		return err
 	}
 	if err := os.RemoveAll(staging); err != nil {
 		return err
 	}
+	if err := os.MkdirAll(staging, 0o755); err != nil {
+		return err
+	}
 	rec := record{
-		Version:      b.version,
-		Registry:     b.registry,
-		Image:        ref.String(),
-		ImageArchive: "tally-image_" + b.version + ".tar",
-		Chart:        chartRepository(b.registry) + "/tally",
-		ChartArchive: "tally-" + b.version + ".tgz",
+		Version:         b.version,
+		Registry:        b.registry,
+		Image:           ref.String(),
+		ImageArchive:    "tally-image_" + b.version + ".tar",
+		Chart:           chartRepository(b.registry) + "/tally",
+		ChartArchive:    "tally-" + b.version + ".tgz",
+		InstallManifest: "tally-install_" + b.version + ".yaml",
+		Prerelease:      strings.Contains(b.version, "-"),
+		Snapshot:        b.snapshot,
 	}
 
-	fmt.Printf(">> chart %s, default image %s\n", rec.ChartArchive, ref.Context())
+	fmt.Printf(">> image %s\n", rec.Image)
+	imageArchive := filepath.Join(staging, rec.ImageArchive)
+	if err := run(root, nil, "go", "run", "./hack/image", "--root", root, "--version", b.version, "--source", b.project, "--tag", rec.Image, "--out", imageArchive); err != nil {
+		return err
+	}
+	if rec.ImageDigest, rec.PlatformDigests, err = archiveDigests(imageArchive); err != nil {
+		return err
+	}
+
+	fmt.Printf(">> chart %s, default image %s@%s\n", rec.ChartArchive, ref.Context(), rec.ImageDigest)
 	chartDir := filepath.Join(staging, "chart", "tally")
-	set := map[string]string{"image.repository": ref.Context().String()}
+	set := map[string]string{"image.repository": ref.Context().String(), "image.digest": rec.ImageDigest}
 	if b.runbook != "" {
 		set["metrics.prometheusRule.runbookURL"] = b.runbook
 	}
@@ -126,16 +171,7 @@ func (b builder) build() error {
 		return err
 	}
 
-	fmt.Printf(">> image %s\n", rec.Image)
-	imageArchive := filepath.Join(staging, rec.ImageArchive)
-	if err := run(root, nil, "go", "run", "./hack/image", "--root", root, "--version", b.version, "--source", b.project, "--tag", rec.Image, "--out", imageArchive); err != nil {
-		return err
-	}
-	if rec.ImageDigest, err = archiveDigest(imageArchive); err != nil {
-		return err
-	}
-
-	fmt.Println(">> goreleaser: kubectl-tally archives, SBOMs, krew manifest, checksums")
+	fmt.Println(">> goreleaser: kubectl-tally archives, SBOMs, krew manifest")
 	path := os.Getenv("PATH")
 	if strings.ContainsRune(b.syft, os.PathSeparator) {
 		path = filepath.Dir(abs(b.syft)) + string(os.PathListSeparator) + path
@@ -154,36 +190,122 @@ func (b builder) build() error {
 	if err := run(root, env, b.goreleaser, "release", "--snapshot", "--clean"); err != nil {
 		return err
 	}
-	for _, f := range []string{chartArchive, imageArchive} {
-		if err := copyFile(f, filepath.Join(dist, filepath.Base(f))); err != nil {
+	// The krew manifest is published as tally.yaml (krew install
+	// --manifest-url takes the plugin's name from it) beside the rest.
+	for src, dst := range map[string]string{chartArchive: rec.ChartArchive, imageArchive: rec.ImageArchive, filepath.Join(dist, "krew", "tally.yaml"): krewManifest} {
+		if err := copyFile(src, filepath.Join(dist, dst)); err != nil {
 			return err
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dist, "release-notes.md"), []byte(notes), 0o644); err != nil {
 		return err
 	}
-	data, err := json.MarshalIndent(rec, "", "  ")
+	fmt.Printf(">> static install manifest %s\n", rec.InstallManifest)
+	manifest, err := output(root, b.helm, "template", "tally", chartArchive, "--namespace", installNamespace, "--no-hooks")
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dist, recordFile), append(data, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dist, rec.InstallManifest), []byte(installManifest(manifest)), 0o644); err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(dist, recordFile), rec); err != nil {
+		return err
+	}
+	if err := b.seal(dist, revision, started); err != nil {
 		return err
 	}
 	return summary(dist, rec)
 }
 
-// archiveDigest returns the digest of the image index in an image archive.
-func archiveDigest(path string) (string, error) {
+// seal writes the provenance, which names every other file of the release,
+// then checksums.txt over every file, the provenance included, and signs
+// it.
+func (b builder) seal(dist, revision string, started time.Time) error {
+	files, err := releaseFiles(dist)
+	if err != nil {
+		return err
+	}
+	products, err := byproducts(dist, files)
+	if err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(dist, provenanceFile), b.provenance(revision, started, products)); err != nil {
+		return err
+	}
+	if files, err = releaseFiles(dist); err != nil {
+		return err
+	}
+	if err := writeChecksums(dist, files); err != nil {
+		return err
+	}
+	fmt.Printf(">> signing %s %s\n", checksumsFile, b.sign.describe())
+	return b.sign.signBlob(filepath.Join(dist, checksumsFile), filepath.Join(dist, checksumsBundle))
+}
+
+// provenance returns the release's SLSA provenance predicate.
+func (b builder) provenance(revision string, started time.Time, products []descriptor) provenance {
+	source := "git+" + strings.TrimSuffix(b.project, "/")
+	return provenance{
+		BuildDefinition: buildDefinition{
+			BuildType: strings.TrimSuffix(b.project, "/") + "/blob/" + revision + "/docs/releasing.md#provenance",
+			ExternalParameters: externalParameters{
+				Version: b.version, Registry: b.registry, ProjectURL: b.project,
+				DownloadURL: b.download, RunbookURL: b.runbook, Snapshot: b.snapshot,
+			},
+			InternalParameters: map[string]string{"go": runtime.Version(), "goos": runtime.GOOS, "goarch": runtime.GOARCH},
+			ResolvedDependencies: []descriptor{{
+				URI: source + "@refs/tags/v" + b.version, Digest: map[string]string{"gitCommit": revision},
+			}},
+		},
+		RunDetails: runDetails{
+			Builder:    slsaBuilder{ID: b.builderID},
+			Metadata:   metadata{InvocationID: b.invocationID, StartedOn: started.Truncate(time.Second), FinishedOn: time.Now().UTC().Truncate(time.Second)},
+			Byproducts: products,
+		},
+	}
+}
+
+// installManifest is helm template's output with the namespace it installs
+// into first, for kubectl apply.
+func installManifest(rendered string) string {
+	return "# tally's chart rendered with its default values (cert-manager certificates,\n" +
+		"# the WorkerPool example as its parent kind) for kubectl apply --server-side.\n" +
+		"---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: " + installNamespace + "\n" + rendered
+}
+
+// writeJSON writes v as indented JSON.
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// archiveDigests returns the digest of the image index in an image archive
+// and those of its images by platform.
+func archiveDigests(path string) (index string, platforms map[string]string, err error) {
 	a, err := image.OpenArchive(path)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	defer a.Close()
 	d, err := a.Index.Digest()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return d.String(), nil
+	im, err := a.Index.IndexManifest()
+	if err != nil {
+		return "", nil, err
+	}
+	platforms = map[string]string{}
+	for _, m := range im.Manifests {
+		if m.Platform == nil {
+			return "", nil, fmt.Errorf("%s: the index's manifest %s names no platform", path, m.Digest)
+		}
+		platforms[m.Platform.OS+"/"+m.Platform.Architecture] = m.Digest.String()
+	}
+	return d.String(), platforms, nil
 }
 
 // goreleaserFiles are what goreleaser writes for itself; a release does not
@@ -198,18 +320,14 @@ func summary(dist string, rec record) error {
 	}
 	fmt.Printf("\nrelease %s in %s:\n", rec.Version, dist)
 	for _, e := range entries {
-		if e.IsDir() && e.Name() != "krew" || slices.Contains(goreleaserFiles, e.Name()) {
+		if e.IsDir() || slices.Contains(goreleaserFiles, e.Name()) {
 			continue
 		}
-		name := e.Name()
-		if e.IsDir() {
-			name = filepath.Join("krew", "tally.yaml")
-		}
-		info, err := os.Stat(filepath.Join(dist, name))
+		info, err := e.Info()
 		if err != nil {
 			return err
 		}
-		fmt.Printf("  %-48s %10s\n", name, size(info.Size()))
+		fmt.Printf("  %-48s %10s\n", e.Name(), size(info.Size()))
 	}
 	fmt.Printf("image %s@%s\nchart %s --version %s\n", rec.Image, rec.ImageDigest, rec.Chart, rec.Version)
 	return nil
@@ -223,6 +341,19 @@ func size(n int64) string {
 		return strconv.FormatFloat(float64(n)/(1<<10), 'f', 1, 64) + " KiB"
 	}
 	return strconv.FormatInt(n, 10) + " B"
+}
+
+// output runs a command in dir and returns its standard output (its
+// standard error on ours).
+func output(dir, name string, args ...string) (string, error) {
+	c := exec.Command(name, args...)
+	c.Dir = dir
+	c.Stderr = os.Stderr
+	out, err := c.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", filepath.Base(name), args[0], err)
+	}
+	return string(out), nil
 }
 
 // run runs a command in dir with env added, its output on ours.

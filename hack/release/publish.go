@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -17,6 +18,7 @@ import (
 type publisher struct {
 	dist, registry, helm string
 	plainHTTP            bool
+	sign                 signer
 }
 
 func (p publisher) publish() error {
@@ -65,7 +67,40 @@ func (p publisher) publish() error {
 	if err := run(".", nil, p.helm, args...); err != nil {
 		return err
 	}
-	fmt.Printf("\npublished %s:\n  helm install tally %s --version %s -n tally-system --create-namespace\n  image %s@%s\n",
-		rec.Version, rec.Chart, rec.Version, rec.Image, rec.ImageDigest)
+	chartRef, err := name.NewTag(strings.TrimPrefix(rec.Chart, "oci://")+":"+rec.Version, opts...)
+	if err != nil {
+		return err
+	}
+	chart, err := remote.Head(chartRef, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	if err != nil {
+		return fmt.Errorf("reading the pushed chart's digest: %w", err)
+	}
+
+	image := ref.Context().Digest(digest.String()).String()
+	fmt.Printf(">> signing the image index and the chart %s\n", p.sign.describe())
+	for _, r := range []string{image, chartRef.Context().Digest(chart.Digest.String()).String()} {
+		if err := p.sign.signImage(r); err != nil {
+			return err
+		}
+	}
+	fmt.Println(">> attesting the provenance to the image index, each platform's SBOM to its image")
+	if err := p.sign.attest(image, "slsaprovenance1", filepath.Join(p.dist, provenanceFile)); err != nil {
+		return err
+	}
+	im, err := a.Index.IndexManifest()
+	if err != nil {
+		return err
+	}
+	for _, m := range im.Manifests {
+		if m.Platform == nil {
+			return fmt.Errorf("%s: the index's manifest %s names no platform", rec.ImageArchive, m.Digest)
+		}
+		sbom := filepath.Join(p.dist, fmt.Sprintf("tally-image_%s_%s_%s.spdx.json", rec.Version, m.Platform.OS, m.Platform.Architecture))
+		if err := p.sign.attest(ref.Context().Digest(m.Digest.String()).String(), "spdxjson", sbom); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("\npublished %s:\n  helm install tally %s --version %s -n tally-system --create-namespace\n  image %s\n  chart %s@%s\n",
+		rec.Version, rec.Chart, rec.Version, image, chartRef.Context(), chart.Digest)
 	return nil
 }

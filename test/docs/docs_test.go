@@ -105,7 +105,9 @@ func TestMakeTargets(t *testing.T) {
 // tally's, by command.
 var externalFlags = map[string][]string{
 	"helm":               {"create-namespace", "namespace", "version", "no-hooks", "wait", "timeout", "reuse-values", "set"},
-	"kubectl":            {"kubeconfig", "context", "namespace", "as", "all-namespaces", "type", "dry-run"},
+	"kubectl":            {"kubeconfig", "context", "namespace", "as", "all-namespaces", "type", "dry-run", "server-side"},
+	"cosign":             {"key", "insecure-ignore-tlog", "bundle", "type", "certificate-identity", "certificate-oidc-issuer"},
+	"sha256sum":          {"check"},
 	"kubectl krew":       {"manifest-url"},
 	"kopf":               {"standalone", "priority", "namespace", "all-namespaces"},
 	"go run ./certs/gen": {"dir", "hosts", "validity"},
