@@ -8,6 +8,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -30,10 +31,22 @@ import (
 const User = "65532:65532"
 
 // Platform is the binaries of one platform: file name in the image root →
-// path on disk.
+// path on disk; and any other files, directories and links its layer holds.
 type Platform struct {
 	OS, Architecture string
 	Binaries         map[string]string
+	Files            []File
+}
+
+// File is an entry of a layer other than a binary: a directory (Dir), a
+// symbolic link (Link) or a regular file (Data), at Name, a path relative
+// to the image root.
+type File struct {
+	Name string
+	Mode int64
+	Dir  bool
+	Link string
+	Data []byte
 }
 
 // Options describe the image.
@@ -46,6 +59,12 @@ type Options struct {
 	// Entrypoint is the image's entrypoint; tally's image has none (it
 	// holds several commands; the chart names one).
 	Entrypoint []string
+	// Cmd is the image's default arguments.
+	Cmd []string
+	// User is the user the image runs as (default User).
+	User string
+	// Env is the image's environment (default PATH=/).
+	Env []string
 }
 
 // Index builds the OCI index of one image per platform.
@@ -65,7 +84,7 @@ func Index(opts Options) (v1.ImageIndex, error) {
 }
 
 func platformImage(p Platform, opts Options) (v1.Image, error) {
-	layerTar, err := binariesTar(p.Binaries, opts.Created)
+	layerTar, err := layerTar(p, opts.Created)
 	if err != nil {
 		return nil, err
 	}
@@ -87,10 +106,14 @@ func platformImage(p Platform, opts Options) (v1.Image, error) {
 	cfg = cfg.DeepCopy()
 	cfg.OS, cfg.Architecture = p.OS, p.Architecture
 	cfg.Created = v1.Time{Time: opts.Created}
-	cfg.Config.User = User
+	cfg.Config.User = cmp.Or(opts.User, User)
 	cfg.Config.Labels = opts.Labels
-	cfg.Config.Env = []string{"PATH=/"}
+	cfg.Config.Env = opts.Env
+	if cfg.Config.Env == nil {
+		cfg.Config.Env = []string{"PATH=/"}
+	}
 	cfg.Config.Entrypoint = opts.Entrypoint
+	cfg.Config.Cmd = opts.Cmd
 	cfg.History = []v1.History{{Created: v1.Time{Time: opts.Created}, CreatedBy: "tally make image", Comment: "statically linked binaries"}}
 	img, err = mutate.ConfigFile(img, cfg)
 	if err != nil {
@@ -99,26 +122,38 @@ func platformImage(p Platform, opts Options) (v1.Image, error) {
 	return mutate.CreatedAt(img, v1.Time{Time: opts.Created})
 }
 
-// binariesTar returns a tar of the binaries in the image root, in name
-// order, owned by root, executable by all, stamped with created.
-func binariesTar(binaries map[string]string, created time.Time) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	names := make([]string, 0, len(binaries))
-	for n := range binaries {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		data, err := os.ReadFile(binaries[n])
+// layerTar returns a tar of p's binaries, in the image root, executable by
+// all, and of its other files, in name order, owned by root, stamped with
+// created.
+func layerTar(p Platform, created time.Time) ([]byte, error) {
+	entries := slices.Clone(p.Files)
+	for n, path := range p.Binaries {
+		data, err := os.ReadFile(path)
 		if err != nil {
 			return nil, err
 		}
-		hdr := &tar.Header{Name: n, Mode: 0o755, Size: int64(len(data)), ModTime: created, Typeflag: tar.TypeReg, Format: tar.FormatPAX}
+		entries = append(entries, File{Name: n, Mode: 0o755, Data: data})
+	}
+	slices.SortFunc(entries, func(a, b File) int { return strings.Compare(a.Name, b.Name) })
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for i, e := range entries {
+		if i > 0 && entries[i-1].Name == e.Name {
+			return nil, fmt.Errorf("%s is in the layer twice", e.Name)
+		}
+		hdr := &tar.Header{Name: e.Name, Mode: e.Mode, ModTime: created, Typeflag: tar.TypeReg, Format: tar.FormatPAX}
+		switch {
+		case e.Dir:
+			hdr.Name, hdr.Typeflag = e.Name+"/", tar.TypeDir
+		case e.Link != "":
+			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, e.Link
+		default:
+			hdr.Size = int64(len(e.Data))
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, err
 		}
-		if _, err := tw.Write(data); err != nil {
+		if _, err := tw.Write(e.Data); err != nil {
 			return nil, err
 		}
 	}
