@@ -54,6 +54,18 @@ OPERATOR_IMAGE := tally.local/workerpool-operator:dev
 WORKER_IMAGE := tally.local/worker:dev
 CLUSTER_IMAGES := $(BIN)/tally-image.tar $(BIN)/pause-image.tar $(BIN)/workerpool-operator-image.tar $(BIN)/worker-image.tar
 
+# make conformance: Kubernetes' e2e.test and ginkgo, from the same release
+# as kube-apiserver; agnhost and Debian's static busybox for the images the
+# suite runs (built into CONFORMANCE_IMAGES); results in CONFORMANCE_DIR.
+E2E_TEST := $(ENVTEST_DIR)/e2e.test
+GINKGO := $(ENVTEST_DIR)/ginkgo
+AGNHOST := $(ENVTEST_DIR)/agnhost
+BUSYBOX := $(BIN)/busybox-static/bin/busybox
+CONFORMANCE_IMAGES := $(BIN)/conformance-images
+CONFORMANCE_DIR := $(CURDIR)/.conformance
+CONFORMANCE_NODES ?= 4
+CONFORMANCE_PASSES ?= without,with
+
 export HELM
 export CERT_MANAGER_CRDS
 export PROMTOOL
@@ -121,6 +133,35 @@ $(NODE_BINARIES):
 	@mkdir -p $(ENVTEST_DIR)
 	cd hack/envtest && go build -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 
+$(E2E_TEST):
+	@echo ">> building Kubernetes' e2e.test $(KUBERNETES_VERSION) from source"
+	@mkdir -p $(ENVTEST_DIR)
+	cd hack/envtest && go test -c -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/test/e2e
+
+$(GINKGO):
+	@mkdir -p $(ENVTEST_DIR)
+	cd hack/envtest && go build -o $@ github.com/onsi/ginkgo/v2/ginkgo
+
+$(AGNHOST):
+	@mkdir -p $(ENVTEST_DIR)
+	cd hack/envtest && CGO_ENABLED=0 go build -ldflags '-s -w' -o $@ k8s.io/kubernetes/test/images/agnhost
+
+# Debian's statically linked busybox, for the suite's busybox image and the
+# shell in its agnhost image.
+$(BUSYBOX):
+	@mkdir -p $(BIN)/busybox-static
+	cd $(BIN)/busybox-static && { apt-get download busybox-static || { apt-get update && apt-get download busybox-static; }; } && \
+		dpkg-deb -x busybox-static_*.deb . && rm busybox-static_*.deb
+	@test -x $@
+
+.PHONY: conformance-images
+conformance-images: $(E2E_TEST) $(AGNHOST) $(BUSYBOX) ## Build the images Kubernetes' conformance tests run (agnhost, busybox, pause) into bin/conformance-images.
+	@mkdir -p $(CONFORMANCE_IMAGES)
+	CGO_ENABLED=0 go build -o $(CONFORMANCE_IMAGES)/pause ./hack/cluster/pause
+	CGO_ENABLED=0 go build -o $(CONFORMANCE_IMAGES)/curl ./hack/conformance/curl
+	go run ./hack/conformance images --e2e $(E2E_TEST) --agnhost $(AGNHOST) --busybox $(BUSYBOX) \
+		--curl $(CONFORMANCE_IMAGES)/curl --pause $(CONFORMANCE_IMAGES)/pause --out $(CONFORMANCE_IMAGES)
+
 .PHONY: kubectl
 kubectl: $(BIN)/kubectl ## Build kubectl from the Go module proxy: bin/kubectl (for watching the demo, the Kopf example).
 
@@ -151,6 +192,13 @@ cluster-up: $(CLUSTER) cluster-binaries cluster-images ## Start a one-node clust
 .PHONY: cluster-down
 cluster-down: $(CLUSTER) ## Stop the one-node cluster and restore the host (fails if anything is left).
 	$(CLUSTER_DOWN)
+
+.PHONY: conformance
+conformance: $(CLUSTER) cluster-binaries cluster-images conformance-images $(HELM) $(GINKGO) ## On a one-node cluster: Kubernetes' conformance tests without tally, then with it installed and churning (root, Linux; 40 min on 2 cores); results in .conformance/results.md.
+	@trap 'rc=$$?; $(CLUSTER_DOWN) || rc=1; exit $$rc' EXIT; \
+	$(CLUSTER_UP) $$(for f in $(CONFORMANCE_IMAGES)/*.tar; do printf -- '--load %s ' $$f; done) && \
+	go run ./hack/conformance run --cluster $(CLUSTER_DIR) --e2e $(E2E_TEST) --ginkgo $(GINKGO) --images $(CONFORMANCE_IMAGES) \
+		--out $(CONFORMANCE_DIR) --nodes $(CONFORMANCE_NODES) --passes $(CONFORMANCE_PASSES)
 
 .PHONY: e2e-cluster
 e2e-cluster: $(CLUSTER) cluster-binaries cluster-images $(HELM) $(PROMETHEUS) $(PROMETHEUS_OPERATOR_CRDS) ## On a one-node cluster: install the chart for real, run the scenario on real pods, then watch the alerts fire and clear on a real Prometheus; restores the host.
@@ -363,4 +411,4 @@ $(STATICCHECK):
 
 .PHONY: clean
 clean: ## Remove bin/ (including the control plane binaries) and dist/.
-	rm -rf $(BIN) .demo dist
+	rm -rf $(BIN) .demo dist .conformance
