@@ -410,5 +410,5 @@ $(STATICCHECK):
 	mv $(BIN)/staticcheck $@
 
 .PHONY: clean
-clean: ## Remove bin/ (including the control plane binaries) and dist/.
+clean: ## Remove bin/ (including the control plane binaries), dist/ and the demo's and make conformance's outputs.
 	rm -rf $(BIN) .demo dist .conformance

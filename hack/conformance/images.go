@@ -15,8 +15,8 @@ import (
 	"tally.dev/tally/internal/repo"
 )
 
-// registry is where the suite looks for the images built here: the
-// registries of the suite's repo list that the images built here replace.
+// registry is where the repo list sends the suite for the images built
+// here.
 const registry = "tally.local"
 
 // repoList is the KUBE_TEST_REPO_LIST file: the suite's own images (agnhost,

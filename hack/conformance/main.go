@@ -10,10 +10,9 @@
 // The suite pulls its images from registry.k8s.io, which this build does not
 // reach: images builds agnhost (from the same Kubernetes release, with
 // busybox and a minimal curl beside it), busybox (Debian's static build) and
-// pause into image archives named under
-// tally.local, and writes the KUBE_TEST_REPO_LIST file that points the
-// suite at those names. run imports nothing: make conformance loads the
-// archives when it starts the cluster.
+// pause into image archives named under tally.local, and writes the
+// KUBE_TEST_REPO_LIST file that points the suite at those names. run imports
+// nothing: make conformance loads the archives when it starts the cluster.
 package main
 
 import (

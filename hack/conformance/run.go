@@ -63,8 +63,8 @@ type runOptions struct {
 	passes                            string
 }
 
-// passResult is one pass: its tests, its wall time and, with tally, what
-// the churn did and how tally's counts ended.
+// passResult is one pass: its tests, its wall time, how ginkgo exited and,
+// with tally, what the churn did and how tally's counts ended.
 type passResult struct {
 	name     string
 	wall     time.Duration
@@ -95,41 +95,53 @@ func run(o runOptions) error {
 		return err
 	}
 	ctx := context.Background()
-	var results []passResult
-	for _, pass := range strings.Split(o.passes, ",") {
-		var r passResult
-		switch pass {
-		case "without":
-			r, err = o.pass(ctx, pass, kubeconfig, nil)
-		case "with":
-			r, err = o.withTally(ctx, cfg, c, kubeconfig)
-		default:
+	passes := strings.Split(o.passes, ",")
+	for _, pass := range passes {
+		if pass != "without" && pass != "with" {
 			return fmt.Errorf("unknown pass %q (without, with)", pass)
 		}
-		if err != nil {
-			return fmt.Errorf("pass %s: %w", pass, err)
+	}
+	// A pass that ran the suite and then failed (tally's counts did not
+	// settle) still has its results in the table, written before the error
+	// is returned.
+	var results []passResult
+	var failed error
+	for _, pass := range passes {
+		var r passResult
+		if pass == "without" {
+			r, err = o.pass(ctx, pass, kubeconfig)
+		} else {
+			r, err = o.withTally(ctx, cfg, c, kubeconfig)
 		}
-		results = append(results, r)
-		fmt.Printf(">> pass %s: %s\n", pass, summarize(r.cases).line(r.wall))
+		if r.cases != nil {
+			results = append(results, r)
+			fmt.Printf(">> pass %s: %s\n", pass, summarize(r.cases).line(r.wall))
+		}
+		if err != nil {
+			failed = fmt.Errorf("pass %s: %w", pass, err)
+			break
+		}
+		if len(r.cases) == 0 {
+			failed = fmt.Errorf("pass %s ran no test: %v", pass, r.runError)
+			break
+		}
 	}
 	report := table(results, time.Now())
 	if err := os.WriteFile(filepath.Join(o.out, "results.md"), []byte(report), 0o644); err != nil {
 		return err
 	}
 	fmt.Print(report)
+	if failed != nil {
+		return failed
+	}
 	if onlyWith := failsOnlyWithTally(results); len(onlyWith) > 0 {
 		return fmt.Errorf("%d test(s) pass without tally and fail with it: %s", len(onlyWith), strings.Join(onlyWith, "; "))
-	}
-	for _, r := range results {
-		if r.runError != nil && len(r.cases) == 0 {
-			return fmt.Errorf("pass %s ran no test: %w", r.name, r.runError)
-		}
 	}
 	return nil
 }
 
-// pass runs the suite once into out/<name>, with during running beside it.
-func (o runOptions) pass(ctx context.Context, name, kubeconfig string, during func()) (passResult, error) {
+// pass runs the suite once into out/<name>.
+func (o runOptions) pass(ctx context.Context, name, kubeconfig string) (passResult, error) {
 	dir := filepath.Join(o.out, name)
 	if err := os.RemoveAll(dir); err != nil {
 		return passResult{}, err
@@ -200,7 +212,7 @@ func (o runOptions) withTally(ctx context.Context, cfg *rest.Config, c client.Cl
 	churnCtx, stopChurn := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { ch.run(churnCtx) })
-	r, err := o.pass(ctx, "with", kubeconfig, nil)
+	r, err := o.pass(ctx, "with", kubeconfig)
 	stopChurn()
 	wg.Wait()
 	if err != nil {
