@@ -317,9 +317,12 @@ golden: envtest-assets $(HELM) ## Regenerate the golden files: the chart's rende
 
 # The test tiers. make test: unit tests, fuzz seed corpora, the envtest
 # suites and the chart tests, with the tools they need (kube-apiserver,
-# etcd, helm, cert-manager's CRDs). make test-release: the packages that
+# etcd, helm, cert-manager's CRDs), under -short: the long scenarios (tests
+# that call framework.Long: real outages, leases, grace periods, scale)
+# skip, naming make test-all. make test-release: the packages that
 # need the image and release tools (the image, make release and publish,
-# the alerts with promtool). make test-all: both, in one go test run. A
+# the alerts with promtool). make test-all: both, the long scenarios
+# included, in one go test run. A
 # test whose tool is not set skips, naming the target (fails under
 # CI=true).
 TEST_TOOLS := envtest-assets $(HELM) $(CERT_MANAGER_CRDS)
@@ -327,16 +330,16 @@ RELEASE_TEST_TOOLS := $(PROMTOOL) release-tools
 RELEASE_TEST_PKGS := ./test/alerts ./test/image ./test/release
 
 .PHONY: test
-test: $(TEST_TOOLS) ## Unit tests, fuzz seed corpora, envtest suites and chart tests, with -race (the release tier: make test-release).
-	@echo ">> go test $(GO_TEST_FLAGS) on every package but $(RELEASE_TEST_PKGS)"
-	go test $(GO_TEST_FLAGS) $$(go list ./... | grep -vxF $(addprefix -e tally.dev/tally/,$(patsubst ./%,%,$(RELEASE_TEST_PKGS))))
+test: $(TEST_TOOLS) ## Unit tests, fuzz seed corpora, envtest suites and chart tests, with -race and -short: the long scenarios run in make test-all (the release tier: make test-release).
+	@echo ">> go test $(GO_TEST_FLAGS) -short on every package but $(RELEASE_TEST_PKGS)"
+	go test $(GO_TEST_FLAGS) -short $$(go list ./... | grep -vxF $(addprefix -e tally.dev/tally/,$(patsubst ./%,%,$(RELEASE_TEST_PKGS))))
 
 .PHONY: test-release
 test-release: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## The image, make release and make publish end to end, and the alerts' rule tests with promtool, with -race.
 	go test $(GO_TEST_FLAGS) $(RELEASE_TEST_PKGS)
 
 .PHONY: test-all
-test-all: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## make test and make test-release in one go test run.
+test-all: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## make test with its long scenarios, and make test-release, in one go test run.
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: demo

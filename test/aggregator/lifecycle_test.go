@@ -24,6 +24,7 @@ import (
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/test/framework"
 )
 
 // crd returns the CRD of a namespaced test kind with the given status
@@ -156,6 +157,7 @@ func TestAStandbySeesAKindServedLater(t *testing.T) {
 // aggregator started, and a kind given a status subresource later, are
 // served without a restart, and their problem gauges clear.
 func TestKindsThatAppearLater(t *testing.T) {
+	framework.Long(t)
 	ns := newNamespace(t)
 	late, noStatusYet := lateGVK("LatePool"), lateGVK("SubresourceLaterPool")
 	installCRD(t, crd(noStatusYet.Kind, false, "completing", "active"))

@@ -67,6 +67,22 @@ func Tool(t testing.TB, env, target string) string {
 	return p
 }
 
+// LongMessage is what a long scenario says when `make test` skips it.
+const LongMessage = "SKIP: a long scenario (it waits out outages, leases or grace periods, or works at scale), not run under -short: `make test-all` runs it, and CI"
+
+// Long is called first by a test that waits out real time (an outage, a
+// lease, a grace period) or works at scale: under -short, as `make test`
+// runs, it skips the test with LongMessage. `make test-all`, which CI runs,
+// runs it.
+func Long(t testing.TB) { long(t, testing.Short()) }
+
+func long(t testing.TB, short bool) {
+	t.Helper()
+	if short {
+		t.Skip(LongMessage)
+	}
+}
+
 // HaveTools is for a TestMain whose package needs the tools `make test`
 // builds (kube-apiserver, etcd, helm, cert-manager's CRDs). When one is not
 // set it says so on stderr and returns false with the exit code: 0, the

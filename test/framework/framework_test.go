@@ -67,6 +67,25 @@ func TestTool(t *testing.T) {
 	}
 }
 
+func TestLong(t *testing.T) {
+	for _, short := range []bool{false, true} {
+		r := &recorder{TB: t}
+		func() {
+			defer func() {
+				if p := recover(); p != nil && p != (stop{}) {
+					panic(p)
+				}
+			}()
+			long(r, short)
+		}()
+		if short {
+			assert.Equal(t, LongMessage, r.skipped, "under -short")
+		} else {
+			assert.Empty(t, r.skipped, "without -short")
+		}
+	}
+}
+
 func TestHaveTools(t *testing.T) {
 	for _, e := range testTools {
 		t.Setenv(e, "set")

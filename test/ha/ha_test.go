@@ -224,6 +224,7 @@ func TestStandbyIsReadyAndTakesOver(t *testing.T) {
 // again in its process, as a standby (it does not exit: a restart by the
 // kubelet would add its back-off).
 func TestDeposedLeaderCannotWrite(t *testing.T) {
+	framework.Long(t)
 	ctx := context.Background()
 	ns, leaseNS, pods, a, _ := replicas(t, 20)
 	first := holder(t, leaseNS)

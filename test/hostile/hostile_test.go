@@ -340,6 +340,7 @@ func TestReusedBuffersStayWithinTheBudget(t *testing.T) {
 }
 
 func TestLargeSlowBodiesDoNotStallReviews(t *testing.T) {
+	framework.Long(t)
 	wh := startWebhook(t, false)
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: wh.tls}}
 	b50, b99 := percentiles(wh.baseline(t, client, 3*time.Second))
@@ -393,6 +394,7 @@ func TestLargeSlowBodiesDoNotStallReviews(t *testing.T) {
 // review, as the API server does after an idle close, still gets in and is
 // answered.
 func TestConnectionFlood(t *testing.T) {
+	framework.Long(t)
 	wh := startWebhook(t, false)
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: wh.tls, DisableKeepAlives: true}}
 	b50, b99 := percentiles(wh.baseline(t, client, 3*time.Second))
@@ -430,6 +432,7 @@ func TestConnectionFlood(t *testing.T) {
 // fails (neither the API server nor Go's transport retries a POST whose
 // connection is closed under it).
 func TestAPIServerConnectionsSurviveAFlood(t *testing.T) {
+	framework.Long(t)
 	wh := startWebhook(t, false)
 	// The API server's connections: open, and answered once, before the
 	// flood starts, as an API server's long-lived connections are.

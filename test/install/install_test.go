@@ -181,12 +181,17 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 // trackedPods is how many pods carry the tracking finalizer when the
 // uninstall hook runs: the count its deadline is sized for
-// (docs/operating.md, "Uninstalling").
-const trackedPods = 10_000
+// (docs/operating.md, "Uninstalling"); under -short (make test), a tenth.
+func trackedPods() int {
+	if testing.Short() {
+		return 1_000
+	}
+	return 10_000
+}
 
 // runUninstallHook creates the chart's pre-delete hook's service account and
 // RBAC and runs its Job's command as a process with that identity while
-// trackedPods pods carry the tracking finalizer. The first run is stopped
+// trackedPods() pods carry the tracking finalizer. The first run is stopped
 // half-way by SIGTERM, as the Job's deadline stops it: it puts tally back as
 // it found it. The second is killed half-way by SIGKILL, which nothing can
 // undo: tally is left stopped. The third, bounded by the Job's
@@ -218,7 +223,7 @@ func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig
 	created := time.Now()
 	var creates errgroup.Group
 	creates.SetLimit(32)
-	for i := range trackedPods {
+	for i := range trackedPods() {
 		namespace, name := many, fmt.Sprintf("p%05d", i)
 		if i < 3 {
 			namespace, name = held, fmt.Sprintf("held-%d", i)
@@ -226,7 +231,7 @@ func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig
 		creates.Go(func() error { return env.Client.Create(ctx, heldPod(namespace, name)) })
 	}
 	require.NoError(t, creates.Wait())
-	t.Logf("%d pods carrying %s created in %s", trackedPods, keys.TrackingFinalizer, time.Since(created).Round(time.Second))
+	t.Logf("%d pods carrying %s created in %s", trackedPods(), keys.TrackingFinalizer, time.Since(created).Round(time.Second))
 	t.Cleanup(func() {
 		_ = env.Client.DeleteAllOf(context.Background(), &corev1.Pod{}, client.InNamespace(many))
 	})

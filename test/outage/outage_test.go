@@ -426,6 +426,7 @@ func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
 // connection closed, new ones refused) for 5 s and for 40 s, with leader
 // election (the 40 s outage costs the lease): the aggregator never exits,
 // and its counts are right within seconds of the API server's return.
+// Under -short (make test) only the 5 s outage.
 func TestRecoversInSeconds(t *testing.T) {
 	ctx := context.Background()
 	p, cfg := proxied(t)
@@ -433,7 +434,11 @@ func TestRecoversInSeconds(t *testing.T) {
 	require.NoError(t, err)
 	exited := runElected(t, cfg, leaseNS)
 
-	for _, outage := range []time.Duration{5 * time.Second, 40 * time.Second} {
+	outages := []time.Duration{5 * time.Second, 40 * time.Second}
+	if testing.Short() {
+		outages = outages[:1]
+	}
+	for _, outage := range outages {
 		ns, pods := createPool(t, 6)
 		require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond)
 		p.CutOff()
@@ -507,6 +512,7 @@ func noStaleWriteAfterOverwrite(t *testing.T, values []int64, stale int64, what 
 // record did not change during the outage at once, and the leader keeps
 // its identity across its in-process restarts).
 func TestTwoReplicasRecoverInSeconds(t *testing.T) {
+	framework.Long(t)
 	ctx := context.Background()
 	p, cfg := proxied(t)
 	leaseNS, err := env.Namespace(ctx, "lease")
@@ -560,6 +566,7 @@ func TestLeaderWithAStaleViewGivesWay(t *testing.T) {
 // view of before, and once the throttling ends the counts are right within
 // seconds of the first pod list or watch answered.
 func TestThrottlingIsNotAnOutage(t *testing.T) {
+	framework.Long(t)
 	ctx := context.Background()
 	leaseNS, err := env.Namespace(ctx, "lease")
 	require.NoError(t, err)

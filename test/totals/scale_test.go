@@ -24,6 +24,7 @@ import (
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
 )
 
 // TestBigParentCostsWhatChanges: a pool of 2,000 running pods admitted
@@ -34,6 +35,7 @@ import (
 // that then finishes costs a read of that pod, never a list of the pool's
 // pods.
 func TestBigParentCostsWhatChanges(t *testing.T) {
+	framework.Long(t)
 	const n = 2000
 	ns := namespace(t)
 	ctx := context.Background()

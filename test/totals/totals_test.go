@@ -23,6 +23,7 @@ import (
 
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/framework"
 )
 
 // ending is how a pod finishes.
@@ -249,6 +250,7 @@ func TestTotalsSurviveKills(t *testing.T) {
 // leader is killed mid-run (and again once the other leads): the totals
 // are exact.
 func TestTotalsSurviveLeaderKill(t *testing.T) {
+	framework.Long(t)
 	ns := namespace(t)
 	leaseNS, err := env.Namespace(context.Background(), "lease")
 	require.NoError(t, err)
@@ -388,6 +390,7 @@ func blockStatusWrites(t *testing.T, ns string) (unblock func()) {
 // its status writes are refused for a few seconds more. Every pod is
 // counted: the grace runs only while the aggregator could record the pods.
 func TestAwayLongerThanTheGrace(t *testing.T) {
+	framework.Long(t)
 	ctx := context.Background()
 	ns := namespace(t)
 	startWebhook(t, ns, withTotals)
