@@ -6,7 +6,9 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,14 +133,38 @@ func Main(m interface{ Run() int }, opts controlplane.Options, env **Env, setup 
 	return code
 }
 
-// BuildBinaries builds the named commands of cmd/ into dir.
+// BinariesEnv names a directory holding every command of cmd/, built from
+// the same tree: make test builds them once before go test and sets it, so
+// that the packages which run tally's binaries link none of their own.
+const BinariesEnv = "TALLY_TEST_BINARIES"
+
+// BuildBinaries puts the named commands of cmd/ into dir: links to those
+// in $TALLY_TEST_BINARIES when it is set, else one go build of them all.
 func BuildBinaries(dir string, names ...string) error {
-	for _, name := range names {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
-		cmd.Dir = repo.Root()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building %s: %w: %s", name, err, out)
+	if prebuilt := os.Getenv(BinariesEnv); prebuilt != "" {
+		for _, name := range names {
+			src := filepath.Join(prebuilt, name)
+			if _, err := os.Stat(src); err != nil {
+				return fmt.Errorf("%s=%s: %w", BinariesEnv, prebuilt, err)
+			}
+			dst := filepath.Join(dir, name)
+			if err := os.Remove(dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			if err := os.Symlink(src, dst); err != nil {
+				return err
+			}
 		}
+		return nil
+	}
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, name := range names {
+		args = append(args, "./cmd/"+name)
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = repo.Root()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building %s: %w: %s", strings.Join(names, ", "), err, out)
 	}
 	return nil
 }
