@@ -142,6 +142,9 @@ const BinariesEnv = "TALLY_TEST_BINARIES"
 // in $TALLY_TEST_BINARIES when it is set, else one go build of them all.
 func BuildBinaries(dir string, names ...string) error {
 	if prebuilt := os.Getenv(BinariesEnv); prebuilt != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
 		for _, name := range names {
 			src := filepath.Join(prebuilt, name)
 			if _, err := os.Stat(src); err != nil {
