@@ -338,22 +338,23 @@ TEST_P ?= 4
 # The packages that run tally's binaries take them from here (built once,
 # from this tree, before go test) rather than each linking its own.
 TEST_BINARIES := $(BIN)/test
-TEST_BINARIES_ENV := TALLY_TEST_BINARIES=$(TEST_BINARIES)
+
+.PHONY: test-binaries
+test-binaries:
+	go build -o $(TEST_BINARIES)/ ./cmd/...
 
 .PHONY: test
-test: $(TEST_TOOLS) ## Unit tests, fuzz seed corpora, envtest suites and chart tests, with -race and -short, TEST_P (4) packages at a time: the long scenarios run in make test-all (the release tier: make test-release).
+test: $(TEST_TOOLS) test-binaries ## Unit tests, fuzz seed corpora, envtest suites and chart tests, with -race and -short, TEST_P (4) packages at a time: the long scenarios run in make test-all (the release tier: make test-release).
 	@echo ">> go test $(GO_TEST_FLAGS) -short -p $(TEST_P) on every package but $(RELEASE_TEST_PKGS)"
-	go build -o $(TEST_BINARIES)/ ./cmd/...
-	$(TEST_BINARIES_ENV) go test $(GO_TEST_FLAGS) -short -p $(TEST_P) $$(go list ./... | grep -vxF $(addprefix -e tally.dev/tally/,$(patsubst ./%,%,$(RELEASE_TEST_PKGS))))
+	TALLY_TEST_BINARIES=$(TEST_BINARIES) go test $(GO_TEST_FLAGS) -short -p $(TEST_P) $$(go list ./... | grep -vxF $(addprefix -e tally.dev/tally/,$(patsubst ./%,%,$(RELEASE_TEST_PKGS))))
 
 .PHONY: test-release
 test-release: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## The image, make release and make publish end to end, and the alerts' rule tests with promtool, with -race.
 	go test $(GO_TEST_FLAGS) $(RELEASE_TEST_PKGS)
 
 .PHONY: test-all
-test-all: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## make test with its long scenarios, and make test-release, in one go test run.
-	go build -o $(TEST_BINARIES)/ ./cmd/...
-	$(TEST_BINARIES_ENV) go test $(GO_TEST_FLAGS) ./...
+test-all: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) test-binaries ## make test with its long scenarios, and make test-release, in one go test run.
+	TALLY_TEST_BINARIES=$(TEST_BINARIES) go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: demo
 demo: build envtest-assets $(HELM) $(if $(filter real,$(DEMO_CLUSTER)),$(CLUSTER) cluster-binaries cluster-images) ## Run tally on a local control plane and drive the scale-down scenario (DEMO_DURATION, default 60s; DEMO_CLUSTER=real: on a one-node cluster, root only).
