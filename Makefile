@@ -201,8 +201,14 @@ conformance: $(CLUSTER) cluster-binaries cluster-images conformance-images $(HEL
 	go run ./hack/conformance run --cluster $(CLUSTER_DIR) --e2e $(E2E_TEST) --ginkgo $(GINKGO) --images $(CONFORMANCE_IMAGES) \
 		--out $(CONFORMANCE_DIR) --nodes $(CONFORMANCE_NODES) --passes $(CONFORMANCE_PASSES)
 
+# What make e2e-cluster builds before it starts the cluster.
+E2E_CLUSTER_TOOLS := $(CLUSTER) cluster-binaries cluster-images $(HELM) $(PROMETHEUS) $(PROMETHEUS_OPERATOR_CRDS)
+
+.PHONY: e2e-cluster-tools
+e2e-cluster-tools: $(E2E_CLUSTER_TOOLS) ## Build what make e2e-cluster needs without starting the cluster.
+
 .PHONY: e2e-cluster
-e2e-cluster: $(CLUSTER) cluster-binaries cluster-images $(HELM) $(PROMETHEUS) $(PROMETHEUS_OPERATOR_CRDS) ## On a one-node cluster: install the chart for real, run the scenario on real pods, then watch the alerts fire and clear on a real Prometheus; restores the host.
+e2e-cluster: $(E2E_CLUSTER_TOOLS) ## On a one-node cluster: install the chart for real, run the scenario on real pods, then watch the alerts fire and clear on a real Prometheus; restores the host.
 	@trap 'rc=$$?; $(CLUSTER_DOWN) || rc=1; exit $$rc' EXIT; \
 	$(CLUSTER_UP) && \
 	TALLY_CLUSTER_DIR=$(CLUSTER_DIR) TALLY_CLUSTER_BIN=$(CLUSTER) PROMETHEUS=$(PROMETHEUS) PROMETHEUS_OPERATOR_CRDS=$(PROMETHEUS_OPERATOR_CRDS) \
@@ -353,8 +359,11 @@ test: $(TEST_TOOLS) test-binaries ## Unit tests, fuzz seed corpora, envtest suit
 test-release: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## The image, make release and make publish end to end, and the alerts' rule tests with promtool, with -race.
 	go test $(GO_TEST_FLAGS) $(RELEASE_TEST_PKGS)
 
+.PHONY: test-all-tools
+test-all-tools: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) test-binaries ## Build what make test-all needs without running it.
+
 .PHONY: test-all
-test-all: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) test-binaries ## make test with its long scenarios, and make test-release, in one go test run.
+test-all: test-all-tools ## make test with its long scenarios, and make test-release, in one go test run.
 	TALLY_TEST_BINARIES=$(TEST_BINARIES) go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: demo
