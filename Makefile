@@ -45,7 +45,7 @@ ACTIONLINT := $(BIN)/actionlint-$(ACTIONLINT_VERSION)
 KUBECTL := $(ENVTEST_DIR)/kubectl
 NODE_BINARIES := $(addprefix $(ENVTEST_DIR)/,kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
 
-# The one-node cluster (make cluster-up): state, kubeconfig and logs under
+# The cluster (make cluster-up): state, kubeconfig and logs under
 # CLUSTER_DIR; the images it imports, built like the tally image.
 CLUSTER_DIR := $(CURDIR)/.cluster
 GOARCH := $(shell go env GOARCH)
@@ -173,7 +173,7 @@ $(BIN)/kubectl: $(KUBECTL)
 cluster-binaries: envtest-assets $(NODE_BINARIES) ## Build the node's binaries (kubelet, kube-proxy, ...) beside kube-apiserver.
 
 .PHONY: cluster-images
-cluster-images: image ## Build the images the one-node cluster imports: tally, pause, the WorkerPool example's operator and worker.
+cluster-images: image ## Build the images the cluster imports: tally, pause, the WorkerPool example's operator and worker.
 	go run ./hack/image --arch $(GOARCH) --cmd ./hack/cluster/pause --entrypoint /pause --tag $(PAUSE_IMAGE) --out $(BIN)/pause-image.tar
 	go run ./hack/image --arch $(GOARCH) --cmd ./examples/workerpool/cmd/operator --entrypoint /operator --tag $(OPERATOR_IMAGE) --out $(BIN)/workerpool-operator-image.tar
 	go run ./hack/image --arch $(GOARCH) --cmd ./examples/workerpool/cmd/worker --entrypoint /worker --tag $(WORKER_IMAGE) --out $(BIN)/worker-image.tar
@@ -186,12 +186,15 @@ CLUSTER_DOWN := $(CLUSTER) down --dir $(CLUSTER_DIR) --check
 $(CLUSTER): $(wildcard hack/cluster/*.go)
 	go build -o $@ ./hack/cluster
 
+# How many nodes make cluster-up starts; make e2e-cluster always starts two.
+NODES ?= 1
+
 .PHONY: cluster-up
-cluster-up: $(CLUSTER) cluster-binaries cluster-images ## Start a one-node cluster on this host (root, Linux); kubeconfig: .cluster/admin.kubeconfig.
-	$(CLUSTER_UP)
+cluster-up: $(CLUSTER) cluster-binaries cluster-images ## Start a cluster on this host (root, Linux; NODES=2 adds a node in a network namespace); kubeconfig: .cluster/admin.kubeconfig.
+	$(CLUSTER_UP) --nodes $(NODES)
 
 .PHONY: cluster-down
-cluster-down: $(CLUSTER) ## Stop the one-node cluster and restore the host (fails if anything is left).
+cluster-down: $(CLUSTER) ## Stop the cluster and restore the host (fails if anything is left).
 	$(CLUSTER_DOWN)
 
 .PHONY: conformance
@@ -208,10 +211,10 @@ E2E_CLUSTER_TOOLS := $(CLUSTER) cluster-binaries cluster-images $(HELM) $(PROMET
 e2e-cluster-tools: $(E2E_CLUSTER_TOOLS) ## Build what make e2e-cluster needs without starting the cluster.
 
 .PHONY: e2e-cluster
-e2e-cluster: $(E2E_CLUSTER_TOOLS) ## On a one-node cluster: install the chart for real, run the scenario on real pods, then watch the alerts fire and clear on a real Prometheus; restores the host.
+e2e-cluster: $(E2E_CLUSTER_TOOLS) ## On a two-node cluster: install the chart for real, run the scenario on real pods, lose a node and drain one, then watch the alerts fire and clear on a real Prometheus; restores the host.
 	@trap 'rc=$$?; $(CLUSTER_DOWN) || rc=1; exit $$rc' EXIT; \
-	$(CLUSTER_UP) && \
-	TALLY_CLUSTER_DIR=$(CLUSTER_DIR) TALLY_CLUSTER_BIN=$(CLUSTER) PROMETHEUS=$(PROMETHEUS) PROMETHEUS_OPERATOR_CRDS=$(PROMETHEUS_OPERATOR_CRDS) \
+	$(CLUSTER_UP) --nodes 2 && \
+	TALLY_CLUSTER_DIR=$(CLUSTER_DIR) TALLY_CLUSTER_BIN=$(CLUSTER) KUBECTL=$(KUBECTL) PROMETHEUS=$(PROMETHEUS) PROMETHEUS_OPERATOR_CRDS=$(PROMETHEUS_OPERATOR_CRDS) \
 		go test ./test/cluster -count=1 -v -timeout 80m
 
 # helm, built from source with the version stamps its release build sets.

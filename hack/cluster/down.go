@@ -14,7 +14,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/keys"
@@ -32,6 +31,11 @@ func (c *cluster) down(check bool) error {
 	if err != nil {
 		return err
 	}
+	if err := c.loadState(); err != nil {
+		// Stopping a component that never ran is a no-op: try them all.
+		fmt.Printf(">> %v: stopping up to %d nodes\n", err, maxNodes)
+		c.nodes = nodesOf(maxNodes)
+	}
 	start := time.Now()
 	var errs []error
 	keep := func(err error) {
@@ -45,10 +49,13 @@ func (c *cluster) down(check bool) error {
 	keep(c.stop("kube-scheduler"))
 	keep(c.stop("kube-controller-manager"))
 	keep(c.drainPods())
-	keep(c.stop("kube-proxy"))
-	keep(c.stop("kubelet"))
-	keep(c.removeContainers())
-	keep(c.stop("containerd"))
+	for i := len(c.nodes) - 1; i >= 0; i-- {
+		nd := c.nodes[i]
+		keep(c.stop(nd.component("kube-proxy")))
+		keep(c.stop(nd.component("kubelet")))
+		keep(c.removeContainers(nd))
+		keep(c.stop(nd.component("containerd")))
+	}
 	keep(c.stop("kube-apiserver"))
 	keep(c.stop("etcd"))
 	killStrays()
@@ -63,14 +70,16 @@ func (c *cluster) down(check bool) error {
 			keep(run(append([]string{"nft", "delete", "table"}, strings.Fields(table)...)...))
 		}
 	}
+	for _, link := range now.Links {
+		// A veth goes with the namespace that holds its peer, and
+		// unmounting the namespace's file may have ended it already.
+		if !slices.Contains(before.Links, link) && run("ip", "link", "show", "dev", link) == nil {
+			keep(run("ip", "link", "delete", link))
+		}
+	}
 	for _, ns := range now.Netns {
 		if !slices.Contains(before.Netns, ns) {
 			keep(os.Remove(filepath.Join("/run/netns", ns)))
-		}
-	}
-	for _, link := range now.Links {
-		if !slices.Contains(before.Links, link) {
-			keep(run("ip", "link", "delete", link))
 		}
 	}
 	keep(removeCgroups(before.Cgroups))
@@ -114,11 +123,17 @@ func (c *cluster) down(check bool) error {
 	return errors.Join(errs...)
 }
 
-// drainPods deletes every pod and waits for the kubelet to stop them (CNI
-// DEL then removes their veths and addresses).
+// drainPods deletes every pod and waits for the kubelets to stop them (CNI
+// DEL then removes their veths and addresses). A pod on a node whose
+// kubelet does not run (a lost node) is deleted at once: nothing would stop
+// it, and removeContainers and killStrays end what it ran.
 func (c *cluster) drainPods() error {
 	if c.pid("kube-apiserver") == 0 || c.pid("kubelet") == 0 {
 		return nil
+	}
+	running := map[string]bool{}
+	for _, nd := range c.nodes {
+		running[nd.name] = c.pid(nd.component("kubelet")) != 0
 	}
 	cs, err := c.clientset()
 	if err != nil {
@@ -135,8 +150,12 @@ func (c *cluster) drainPods() error {
 		}
 		if err == nil {
 			for _, p := range pods.Items {
-				if p.DeletionTimestamp == nil {
-					_ = cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](1)})
+				grace := int64(1)
+				if p.Spec.NodeName != "" && !running[p.Spec.NodeName] {
+					grace = 0
+				}
+				if p.DeletionTimestamp == nil || grace == 0 {
+					_ = cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
 				}
 				if slices.Contains(p.Finalizers, keys.TrackingFinalizer) {
 					// tally's aggregator may be gone already (a test that
@@ -159,13 +178,13 @@ func (c *cluster) drainPods() error {
 	}
 }
 
-// removeContainers kills and removes what containerd still runs (pods the
-// kubelet did not get to).
-func (c *cluster) removeContainers() error {
-	if c.pid("containerd") == 0 {
+// removeContainers kills and removes what node nd's containerd still runs
+// (pods the kubelet did not get to).
+func (c *cluster) removeContainers(nd node) error {
+	if c.pid(nd.component("containerd")) == 0 {
 		return nil
 	}
-	ctr := []string{"ctr", "--address", containerdSocket, "--namespace", "k8s.io"}
+	ctr := []string{"ctr", "--address", nd.socket(), "--namespace", "k8s.io"}
 	ids, err := output(append(ctr, "containers", "list", "--quiet")...)
 	if err != nil {
 		return err
@@ -190,7 +209,7 @@ func (c *cluster) pid(name string) int {
 		return 0
 	}
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	if err != nil || filepath.Base(strings.TrimSuffix(exe, " (deleted)")) != name {
+	if err != nil || filepath.Base(strings.TrimSuffix(exe, " (deleted)")) != binary(name) {
 		return 0
 	}
 	return pid
@@ -230,19 +249,29 @@ func alive(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
-// killStrays kills containerd shims serving this cluster's containerd and
-// any process left in a kubepods cgroup.
+// killStrays kills containerd shims serving one of this cluster's
+// containerds and any process left in a kubepods cgroup.
 func killStrays() {
+	killMatching(func(cmdline, cgroup string) bool {
+		shim := strings.Contains(cmdline, "containerd-shim") && strings.Contains(cmdline, runDir+"/")
+		return shim || strings.Contains(cgroup, "/kubepods")
+	})
+}
+
+// killMatching sends SIGKILL to every process whose command line and
+// /proc/PID/cgroup match, and returns how many it sent it to.
+func killMatching(match func(cmdline, cgroup string) bool) int {
+	n := 0
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
 		pid, _ := strconv.Atoi(filepath.Base(p))
 		cmdline, _ := os.ReadFile(p + "/cmdline")
 		cgroup, _ := os.ReadFile(p + "/cgroup")
-		shim := strings.Contains(string(cmdline), "containerd-shim") && strings.Contains(string(cmdline), containerdSocket)
-		if shim || strings.Contains(string(cgroup), "/kubepods") {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+		if pid != os.Getpid() && match(string(cmdline), string(cgroup)) && syscall.Kill(pid, syscall.SIGKILL) == nil {
+			n++
 		}
 	}
+	return n
 }
 
 // unmountUnder unmounts, deepest first, every mount under one of dirs that

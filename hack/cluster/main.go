@@ -1,15 +1,20 @@
-// Command cluster runs a one-node Kubernetes cluster on this host, built
-// from source (`make cluster-up`, `make cluster-down`, `make e2e-cluster`):
-// etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd,
-// kubelet and kube-proxy, with the pods on a private bridge that never
-// forwards to another interface.
+// Command cluster runs a Kubernetes cluster of one or more nodes on this
+// host, built from source (`make cluster-up`, `make cluster-down`,
+// `make e2e-cluster`): etcd, kube-apiserver, kube-controller-manager and
+// kube-scheduler, and on each node containerd, kubelet and kube-proxy, with
+// the pods on private bridges whose traffic is never forwarded to another
+// interface of the host. Nodes after the first run in network namespaces
+// of their own (node).
 //
-//	cluster up   --dir D --bin B --sandbox-image REF --load IMAGE.tar...   start, check, import images
+//	cluster up   --dir D --bin B --sandbox-image REF [--nodes N] --load IMAGE.tar...   start, check, import images
 //	cluster down --dir D [--check]                       stop, restore the host
-//	cluster load --dir D IMAGE.tar...                    import images into containerd
+//	cluster load --dir D IMAGE.tar...                    import images into every node's containerd
+//	cluster outage --dir D [--for 2m]                    stop kube-apiserver for a while
+//	cluster lose-node --dir D --node NAME                kill a node's kubelet, containerd and containers, cut its link
+//	cluster join-node --dir D --node NAME                start a lost node again
 //
-// It needs root on Linux: it creates a bridge, routes, nftables tables,
-// cgroups and mounts. `up` records what the host looked like first
+// It needs root on Linux: it creates bridges, network namespaces, routes,
+// nftables tables, cgroups and mounts. `up` records what the host looked like first
 // (D/host.json); `down` stops every process by PID, removes what the cluster
 // added, puts the sysctls back and, with --check, fails if the host differs
 // from the record.
@@ -59,6 +64,8 @@ func main() {
 	sandbox := fs.String("sandbox-image", "", "the pause image's name; an image given to --load must hold it (up)")
 	check := fs.Bool("check", false, "fail if the host differs from what up recorded (down)")
 	outageFor := fs.Duration("for", 2*time.Minute, "how long kube-apiserver stays stopped (outage)")
+	nodes := fs.Int("nodes", 1, fmt.Sprintf("how many nodes, 1 to %d (up)", maxNodes))
+	nodeFlag := fs.String("node", "", "the node's name (lose-node, join-node)")
 	var loads stringList
 	fs.Var(&loads, "load", "an image archive to import into containerd (up; repeatable)")
 	_ = fs.Parse(args)
@@ -79,13 +86,34 @@ func main() {
 			fmt.Fprintln(os.Stderr, "cluster: up needs --bin and --sandbox-image")
 			os.Exit(2)
 		}
+		if *nodes < 1 || *nodes > maxNodes {
+			fmt.Fprintf(os.Stderr, "cluster: --nodes %d: a cluster has 1 to %d nodes\n", *nodes, maxNodes)
+			os.Exit(2)
+		}
+		c.nodes = nodesOf(*nodes)
 		err = c.up(append(loads, fs.Args()...))
 	case "down":
 		err = c.down(*check)
 	case "load":
-		err = c.load(fs.Args())
+		if err = c.loadState(); err == nil {
+			for _, nd := range c.nodes {
+				if err = c.load(nd, fs.Args()); err != nil {
+					break
+				}
+			}
+		}
 	case "outage":
 		err = c.outage(*outageFor)
+	case "lose-node", "join-node":
+		if *nodeFlag == "" {
+			fmt.Fprintf(os.Stderr, "cluster: %s needs --node\n", cmd)
+			os.Exit(2)
+		}
+		if err = c.loadState(); err == nil && cmd == "lose-node" {
+			err = c.loseNode(*nodeFlag)
+		} else if err == nil {
+			err = c.joinNode(*nodeFlag)
+		}
 	default:
 		usage()
 	}
@@ -96,17 +124,17 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: cluster up|down|load|outage --dir DIR [flags]")
+	fmt.Fprintln(os.Stderr, "usage: cluster up|down|load|outage|lose-node|join-node --dir DIR [flags]")
 	os.Exit(2)
 }
 
 // preflight refuses before touching anything unless this is Linux and root.
 func preflight() error {
 	if runtime.GOOS != "linux" {
-		return fmt.Errorf("a one-node cluster runs only on Linux (this is %s)", runtime.GOOS)
+		return fmt.Errorf("the cluster runs only on Linux (this is %s)", runtime.GOOS)
 	}
 	if os.Geteuid() != 0 {
-		return errors.New("a one-node cluster needs root: it creates a bridge, routes, nftables tables, cgroups and mounts (run as root, or use make test, which needs none of this)")
+		return errors.New("the cluster needs root: it creates bridges, network namespaces, routes, nftables tables, cgroups and mounts (run as root, or use make test, which needs none of this)")
 	}
 	return nil
 }

@@ -13,20 +13,21 @@ import (
 	"time"
 )
 
-// cluster is one cluster's state directory and binaries.
+// cluster is one cluster's state directory, binaries and nodes.
 type cluster struct {
 	dir, bin string
 	// sandboxImage is the pause image containerd runs for every pod; one of
 	// the images up loads must hold it.
 	sandboxImage string
+	nodes        []node
 }
 
 func (c *cluster) path(elem ...string) string {
 	return filepath.Join(append([]string{c.dir}, elem...)...)
 }
 
-// components in start order; down stops them in reverse, the node ones first.
-var components = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet", "kube-proxy"}
+// binaries are what up needs from --bin (containerd comes from Debian).
+var binaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy"}
 
 // packages are the Debian packages the node needs, by a file each installs.
 var packages = map[string]string{
@@ -39,6 +40,7 @@ var packages = map[string]string{
 	"/usr/sbin/conntrack":   "conntrack",
 	"/usr/sbin/ip":          "iproute2",
 	"/usr/bin/mountpoint":   "util-linux",
+	"/usr/bin/nsenter":      "util-linux",
 	"/usr/lib/cni/loopback": "containernetworking-plugins",
 }
 
@@ -51,8 +53,8 @@ func (c *cluster) up(images []string) (err error) {
 			return fmt.Errorf("taking the earlier cluster down: %w", err)
 		}
 	}
-	for _, name := range components {
-		if _, err := os.Stat(filepath.Join(c.bin, name)); err != nil && name != "containerd" {
+	for _, name := range binaries {
+		if _, err := os.Stat(filepath.Join(c.bin, name)); err != nil {
 			return fmt.Errorf("%s is missing from %s (make cluster-binaries builds it)", name, c.bin)
 		}
 	}
@@ -82,31 +84,29 @@ func (c *cluster) up(images []string) (err error) {
 			}
 		}
 	}()
+	if err := c.saveState(); err != nil {
+		return err
+	}
 	if err := c.network(); err != nil {
 		return err
 	}
-	if err := writePKI(c.dir); err != nil {
+	if err := writePKI(c.dir, c.nodes); err != nil {
 		return err
 	}
-	if err := c.writeConfigs(); err != nil {
-		return err
+	for _, nd := range c.nodes {
+		if err := nd.network(); err != nil {
+			return err
+		}
+		if err := c.writeConfigs(nd); err != nil {
+			return err
+		}
 	}
 
-	if err := os.WriteFile(c.path("bin"), []byte(c.bin), 0o644); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(2+len(c.nodes))*time.Minute)
 	defer cancel()
-	steps := c.steps()
-	for _, s := range steps {
+	for _, s := range c.controlPlane() {
 		t := time.Now()
-		if s.name == "kubelet" {
-			// The sandbox image must be in containerd before the first pod.
-			if err := c.load(images); err != nil {
-				return err
-			}
-		}
-		if err := c.start(s.name, s.args); err != nil {
+		if err := c.start(c.nodes[0], s.name, s.args); err != nil {
 			return err
 		}
 		if err := waitFor(ctx, s.name, s.ready); err != nil {
@@ -114,10 +114,42 @@ func (c *cluster) up(images []string) (err error) {
 		}
 		fmt.Printf(">> %-24s ready in %v\n", s.name, time.Since(t).Round(10*time.Millisecond))
 	}
+	for _, nd := range c.nodes {
+		if err := c.startNode(ctx, nd, images); err != nil {
+			return err
+		}
+	}
 	if err := c.defaultServiceAccount(ctx); err != nil {
 		return err
 	}
-	fmt.Printf(">> cluster ready in %v; kubeconfig: %s\n", time.Since(start).Round(100*time.Millisecond), c.path("admin.kubeconfig"))
+	fmt.Printf(">> cluster of %d node(s) ready in %v; kubeconfig: %s\n", len(c.nodes), time.Since(start).Round(100*time.Millisecond), c.path("admin.kubeconfig"))
+	return nil
+}
+
+// saveState records what down, outage and the node commands need: the
+// binaries' directory and the number of nodes.
+func (c *cluster) saveState() error {
+	if err := os.WriteFile(c.path("bin"), []byte(c.bin), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(c.path("nodes"), []byte(strconv.Itoa(len(c.nodes))), 0o644)
+}
+
+// loadState reads what saveState recorded; a cluster that recorded no node
+// count has one node.
+func (c *cluster) loadState() error {
+	bin, err := os.ReadFile(c.path("bin"))
+	if err != nil {
+		return fmt.Errorf("no cluster recorded in %s: %w", c.dir, err)
+	}
+	c.bin = string(bin)
+	count := 1
+	if b, err := os.ReadFile(c.path("nodes")); err == nil {
+		if count, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil || count < 1 || count > maxNodes {
+			return fmt.Errorf("%s: not a node count from 1 to %d: %q", c.path("nodes"), maxNodes, b)
+		}
+	}
+	c.nodes = nodesOf(count)
 	return nil
 }
 
@@ -129,8 +161,9 @@ type step struct {
 	ready func(context.Context) error
 }
 
-// steps are the node's components, in the order they start.
-func (c *cluster) steps() []step {
+// controlPlane are the control plane's components, in the order they
+// start, all on the first node.
+func (c *cluster) controlPlane() []step {
 	pki := func(f string) string { return c.path("pki", f) }
 	return []step{
 		{"etcd", []string{"--name", "default", "--data-dir", c.path("etcd"),
@@ -159,35 +192,27 @@ func (c *cluster) steps() []step {
 			"--authentication-kubeconfig", c.path("scheduler.kubeconfig"), "--authorization-kubeconfig", c.path("scheduler.kubeconfig"),
 			"--bind-address", "127.0.0.1", "--leader-elect=false", "--cert-dir", c.path("pki", "scheduler-generated")},
 			httpReady("https://127.0.0.1:10259/healthz", nil)},
-		{"containerd", []string{"--config", c.path("containerd.toml")}, c.containerdReady},
-		{"kubelet", []string{"--config", c.path("kubelet.yaml"), "--kubeconfig", c.path("kubelet.kubeconfig"),
-			"--root-dir", c.path("kubelet", "root"), "--cert-dir", c.path("kubelet", "pki"),
-			"--node-ip", nodeIP, "--hostname-override", nodeName},
-			c.nodeReady},
-		{"kube-proxy", []string{"--config", c.path("kube-proxy.yaml")}, httpReady("http://127.0.0.1:10256/healthz", nil)},
 	}
 }
 
 // outage stops kube-apiserver for d and starts it again as up started it,
 // as an API server upgrade or a control-plane node reboot would.
 func (c *cluster) outage(d time.Duration) error {
-	bin, err := os.ReadFile(c.path("bin"))
-	if err != nil {
-		return fmt.Errorf("no cluster recorded in %s: %w", c.dir, err)
+	if err := c.loadState(); err != nil {
+		return err
 	}
-	c.bin = string(bin)
 	const name = "kube-apiserver"
 	if err := c.stop(name); err != nil {
 		return err
 	}
 	fmt.Printf(">> %s stopped for %v\n", name, d)
 	time.Sleep(d)
-	for _, s := range c.steps() {
+	for _, s := range c.controlPlane() {
 		if s.name != name {
 			continue
 		}
 		t := time.Now()
-		if err := c.start(s.name, s.args); err != nil {
+		if err := c.start(c.nodes[0], s.name, s.args); err != nil {
 			return err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -232,9 +257,15 @@ func installPackages() error {
 	return install()
 }
 
-// network creates the bridge with the node's address, routes the Service
-// range onto it, and adds the guard table.
+// network creates the bridge with the first node's address, routes the
+// Service range onto it, and adds the guard table: nothing the cluster's
+// links carry is forwarded to another interface of the host.
 func (c *cluster) network() error {
+	links := []string{bridgeName}
+	for _, nd := range c.nodes[1:] {
+		links = append(links, nd.uplink)
+	}
+	set := "{ " + strings.Join(links, ", ") + " }"
 	cmds := [][]string{
 		{"ip", "link", "add", bridgeName, "type", "bridge"},
 		{"ip", "addr", "add", nodeIP + "/24", "dev", bridgeName},
@@ -242,7 +273,7 @@ func (c *cluster) network() error {
 		{"ip", "route", "add", serviceCIDR, "dev", bridgeName},
 		{"nft", "add", "table", "inet", guardTable},
 		{"nft", "add", "chain", "inet", guardTable, "forward", "{ type filter hook forward priority -10 ; policy accept ; }"},
-		{"nft", "add", "rule", "inet", guardTable, "forward", "iifname", bridgeName, "oifname", "!=", bridgeName, "counter", "drop"},
+		{"nft", "add", "rule", "inet", guardTable, "forward", "iifname", set, "oifname", "!=", set, "counter", "drop"},
 	}
 	for _, args := range cmds {
 		if err := run(args...); err != nil {
@@ -253,7 +284,11 @@ func (c *cluster) network() error {
 }
 
 // writeConfigs writes the node's configuration files.
-func (c *cluster) writeConfigs() error {
+func (c *cluster) writeConfigs(nd node) error {
+	kubeletName := "tally"
+	if nd.n > 1 {
+		kubeletName = nd.name
+	}
 	files := map[string]string{
 		"containerd.toml": fmt.Sprintf(`version = 2
 root = %[1]q
@@ -277,17 +312,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-`, c.path("containerd", "root"), filepath.Join(runDir, "containerd"), containerdSocket, c.path("containerd", "opt"), c.sandboxImage, c.path("cni")),
+`, nd.dir(c, "containerd", "root"), filepath.Join(runDir, nd.component("containerd")), nd.socket(), nd.dir(c, "containerd", "opt"), c.sandboxImage, nd.dir(c, "cni")),
 		"cni/10-tally.conflist": fmt.Sprintf(`{
   "cniVersion": "1.0.0",
-  "name": "tally",
+  "name": %q,
   "plugins": [
     {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": true,
-     "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "rangeStart": "10.244.0.10", "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+     "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "rangeStart": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}},
     {"type": "loopback"}
   ]
 }
-`, bridgeName, c.path("cni", "ipam"), podCIDR, nodeIP),
+`, kubeletName, nd.bridge, nd.dir(c, "cni", "ipam"), nd.podCIDR, strings.TrimSuffix(nd.gateway, ".1")+".10", nd.gateway),
 		"kubelet.yaml": fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # The hosts run cgroup v1, which kubelet refuses by default since 1.35.
@@ -313,7 +348,8 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 250
-`, containerdSocket, nodeIP, c.path("pki", "ca.crt"), c.path("kubelet", "pod-logs"), c.path("kubelet", "volume-plugins")),
+cgroupRoot: %s
+`, nd.socket(), nd.ip, c.path("pki", "ca.crt"), nd.dir(c, "kubelet", "pod-logs"), nd.dir(c, "kubelet", "volume-plugins"), nd.cgroupRoot()),
 		"kube-proxy.yaml": fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
@@ -321,15 +357,19 @@ clientConnection: {kubeconfig: %q}
 hostnameOverride: %s
 clusterCIDR: %s
 detectLocalMode: ClusterCIDR
-healthzBindAddress: 127.0.0.1:10256
+healthzBindAddress: %s:10256
 metricsBindAddress: 127.0.0.1:10249
 nodePortAddresses: [%s/32]
 # Leave the host's conntrack sysctls alone.
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
-`, c.path("kube-proxy.kubeconfig"), nodeName, podCIDR, nodeIP),
+`, c.path("kube-proxy.kubeconfig"), nd.name, nd.podCIDR, nd.healthzAddress(), nd.ip),
 	}
 	for name, content := range files {
-		if err := os.WriteFile(c.path(name), []byte(content), 0o644); err != nil {
+		path := nd.dir(c, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 			return err
 		}
 	}
@@ -339,12 +379,18 @@ conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeou
 // containerdSocket is where containerd serves, for the kubelet and ctr.
 const containerdSocket = runDir + "/containerd.sock"
 
-// start runs a component in its own session, so that it outlives this
-// command, with its output in logs/<name>.log and its PID in pids/<name>.
-func (c *cluster) start(name string, args []string) error {
-	bin := filepath.Join(c.bin, name)
-	if name == "containerd" {
+// start runs a component of node nd in its own session, so that it
+// outlives this command, with its output in logs/<name>.log and its PID in
+// pids/<name>; in the node's network namespace if it has one.
+func (c *cluster) start(nd node, name string, args []string) error {
+	bin := filepath.Join(c.bin, binary(name))
+	if binary(name) == "containerd" {
 		bin = "/usr/bin/containerd"
+	}
+	if nd.netns != "" {
+		// nsenter enters the namespace and execs bin: the PID is bin's.
+		args = append([]string{"--net=" + filepath.Join("/run/netns", nd.netns), "--", bin}, args...)
+		bin = "/usr/bin/nsenter"
 	}
 	log, err := os.OpenFile(c.path("logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -363,10 +409,11 @@ func (c *cluster) start(name string, args []string) error {
 	return cmd.Process.Release()
 }
 
-// load imports image archives into containerd's Kubernetes namespace.
-func (c *cluster) load(images []string) error {
+// load imports image archives into the Kubernetes namespace of node nd's
+// containerd.
+func (c *cluster) load(nd node, images []string) error {
 	for _, img := range images {
-		if err := run("ctr", "--address", containerdSocket, "--namespace", "k8s.io", "images", "import", "--no-unpack", img); err != nil {
+		if err := run("ctr", "--address", nd.socket(), "--namespace", "k8s.io", "images", "import", "--no-unpack", img); err != nil {
 			return err
 		}
 	}

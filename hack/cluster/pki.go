@@ -37,7 +37,7 @@ var identities = []identity{
 // writePKI writes the cluster CA, the API server's serving certificate, a
 // client certificate and a kubeconfig per identity, and the service account
 // signing key under dir/pki.
-func writePKI(dir string) error {
+func writePKI(dir string, nodes []node) error {
 	pki := filepath.Join(dir, "pki")
 	if err := os.MkdirAll(pki, 0o700); err != nil {
 		return err
@@ -93,7 +93,12 @@ func writePKI(dir string) error {
 		return err
 	}
 	server := "https://" + net.JoinHostPort(nodeIP, apiPort)
-	for _, id := range identities {
+	ids := identities
+	for _, nd := range nodes[1:] {
+		// NodeRestriction lets each kubelet write its own Node and pods only.
+		ids = append(ids, identity{file: nd.component("kubelet"), user: "system:node:" + nd.name, groups: []string{"system:nodes"}})
+	}
+	for _, id := range ids {
 		if err := issue(id.file, &x509.Certificate{
 			Subject:     pkix.Name{CommonName: id.user, Organization: id.groups},
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},

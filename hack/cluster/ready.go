@@ -3,13 +3,10 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net/http"
-	"os/exec"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -64,10 +61,6 @@ func (c *cluster) apiReady(ctx context.Context) error {
 	return httpReady("https://"+nodeIP+":"+apiPort+"/readyz", &cert)(ctx)
 }
 
-func (c *cluster) containerdReady(context.Context) error {
-	return exec.Command("ctr", "--address", containerdSocket, "version").Run()
-}
-
 func (c *cluster) clientset() (*kubernetes.Clientset, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.path("admin.kubeconfig"))
 	if err != nil {
@@ -75,23 +68,6 @@ func (c *cluster) clientset() (*kubernetes.Clientset, error) {
 	}
 	cfg.Timeout = 10 * time.Second
 	return kubernetes.NewForConfig(cfg)
-}
-
-func (c *cluster) nodeReady(ctx context.Context) error {
-	cs, err := c.clientset()
-	if err != nil {
-		return err
-	}
-	node, err := cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	for _, cond := range node.Status.Conditions {
-		if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-			return nil
-		}
-	}
-	return errors.New("node not Ready yet")
 }
 
 // defaultServiceAccount waits until the controller manager has created the

@@ -111,6 +111,9 @@ var externalFlags = map[string][]string{
 	"kubectl krew":       {"manifest-url"},
 	"kopf":               {"standalone", "priority", "namespace", "all-namespaces"},
 	"go run ./certs/gen": {"dir", "hosts", "validity"},
+	"nsenter":            {"net"},
+	// hack/cluster, behind make cluster-up, cluster-down and e2e-cluster.
+	"cluster": {"dir", "bin", "sandbox-image", "nodes", "node", "load", "check", "for"},
 }
 
 // ownFlags returns the flags of tally's commands, from their --help.
