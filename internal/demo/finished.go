@@ -86,3 +86,11 @@ func (f *Finished) Totals() map[config.Count]int64 {
 	}
 	return out
 }
+
+// Of returns the total the pod with uid was recorded in, if it finished.
+func (f *Finished) Of(uid types.UID) (config.Count, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	total, ok := f.uid[uid]
+	return total, ok
+}

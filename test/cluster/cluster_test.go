@@ -1,12 +1,14 @@
-// Package cluster runs tally on a real one-node cluster (`make e2e-cluster`):
-// the chart installed with helm, its Deployments run by a kubelet, the
+// Package cluster runs tally on a real two-node cluster (`make e2e-cluster`):
+// the chart installed with helm, its Deployments run by the kubelets, the
 // example operator as a Deployment, and workers that are real processes. A
 // worker marked for completion is stopped and exits 0 on SIGTERM, some crash
 // by themselves, some are deleted unexpectedly: the kubelet sets every
 // terminal phase, and the garbage collector deletes a deleted pool's pods.
+// The second node is lost for good once and drained once (nodes_test.go).
 //
 // It runs only when TALLY_CLUSTER_DIR names the state directory of a running
-// cluster (make cluster-up); `make test` skips it.
+// cluster (make cluster-up); `make test` skips it. The two-node scenarios
+// skip on a one-node cluster, unless CI is set.
 package cluster
 
 import (
@@ -253,6 +255,13 @@ func TestRealCluster(t *testing.T) {
 		fig.add("pool deleted -> its pods gone (garbage collector, kubelet): %v", time.Since(start).Round(100*time.Millisecond))
 	})
 
+	t.Run("a node lost for good: its pods leave the API, counts and totals exact", func(t *testing.T) {
+		nodeLost(ctx, t, c, cfg, dir, fig)
+	})
+	t.Run("kubectl drain of the leader's node: no admission failure, the lease moves", func(t *testing.T) {
+		drain(ctx, t, c, cfg, fig)
+	})
+
 	t.Run("kube-apiserver stopped for 2 minutes: no crash loop, counts right within seconds", func(t *testing.T) {
 		apiServerOutage(ctx, t, c, cs, dir, fig)
 	})
@@ -326,7 +335,23 @@ func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, cs *kub
 	})
 	require.True(t, serviceBack, "the kubernetes Service never answered again after the outage")
 	back := time.Now()
-	fig.add("kube-apiserver stopped 2 min: the kubernetes Service (kube-proxy) answered again %v after the API server", back.Sub(apiBack).Round(100*time.Millisecond))
+	fig.add("kube-apiserver stopped 2 min: the kubernetes Service (kube-proxy) answered again on the first node %v after the API server", back.Sub(apiBack).Round(100*time.Millisecond))
+	// Each further node has its own kube-proxy, in its own back-off: the
+	// Service must answer from every node's network namespace.
+	var nodes corev1.NodeList
+	require.NoError(t, c.List(ctx, &nodes))
+	for _, node := range nodes.Items {
+		if node.Name == firstNode {
+			continue
+		}
+		var err error
+		require.True(t, poll(3*time.Minute, func() bool {
+			err = dialFrom(node.Name, "10.96.0.1:443")
+			return err == nil
+		}), "the kubernetes Service never answered again on %s after the outage: %v", node.Name, err)
+		back = time.Now()
+		fig.add("kube-apiserver stopped 2 min: the kubernetes Service (kube-proxy) answered again on %s %v after the API server", node.Name, back.Sub(apiBack).Round(100*time.Millisecond))
+	}
 
 	var pods corev1.PodList
 	require.NoError(t, c.List(ctx, &pods, client.InNamespace(ns)))
@@ -470,7 +495,7 @@ func churn(ctx context.Context, t *testing.T, c client.Client, pools []string) f
 // one webhook pod 3 s in: no create may fail.
 //
 // The pods carry a scheduling gate: what is measured is admission, and the
-// one node must stay free to start the webhook's replacement pod. Run by
+// nodes must stay free to start the webhook's replacement pod. Run by
 // the kubelet, the 250-odd pods of the burst kept a 2-core node busy for
 // minutes (load average near 50) and the replacement in ContainerCreating
 // past the rollout's deadline. The operator deletes them as surplus.
@@ -707,39 +732,45 @@ func read(ctx context.Context, c client.Client, ns, name string) (reading, error
 	return r, nil
 }
 
-// memory reads tally's pods' working sets from the kubelet's summary API.
+// memory reads tally's pods' working sets from each kubelet's summary API.
 func memory(ctx context.Context, t *testing.T, cs *kubernetes.Clientset, fig *figures) {
-	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/tally-node/proxy/stats/summary").DoRaw(ctx)
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
-	var summary struct {
-		Node struct {
-			Memory struct {
-				WorkingSetBytes uint64 `json:"workingSetBytes"`
-			} `json:"memory"`
-		} `json:"node"`
-		Pods []struct {
-			PodRef     struct{ Name, Namespace string } `json:"podRef"`
-			Containers []struct {
+	var lines, nodeLines []string
+	for _, node := range nodes.Items {
+		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node.Name + "/proxy/stats/summary").DoRaw(ctx)
+		require.NoError(t, err)
+		var summary struct {
+			Node struct {
 				Memory struct {
 					WorkingSetBytes uint64 `json:"workingSetBytes"`
 				} `json:"memory"`
-			} `json:"containers"`
-		} `json:"pods"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &summary))
-	var lines []string
-	for _, p := range summary.Pods {
-		if p.PodRef.Namespace != helm.Namespace && p.PodRef.Namespace != demo.OperatorNamespace {
-			continue
+			} `json:"node"`
+			Pods []struct {
+				PodRef     struct{ Name, Namespace string } `json:"podRef"`
+				Containers []struct {
+					Memory struct {
+						WorkingSetBytes uint64 `json:"workingSetBytes"`
+					} `json:"memory"`
+				} `json:"containers"`
+			} `json:"pods"`
 		}
-		var ws uint64
-		for _, c := range p.Containers {
-			ws += c.Memory.WorkingSetBytes
+		require.NoError(t, json.Unmarshal(raw, &summary))
+		for _, p := range summary.Pods {
+			if p.PodRef.Namespace != helm.Namespace && p.PodRef.Namespace != demo.OperatorNamespace {
+				continue
+			}
+			var ws uint64
+			for _, c := range p.Containers {
+				ws += c.Memory.WorkingSetBytes
+			}
+			lines = append(lines, fmt.Sprintf("%s %.1f MiB", p.PodRef.Name, float64(ws)/(1<<20)))
 		}
-		lines = append(lines, fmt.Sprintf("%s %.1f MiB", p.PodRef.Name, float64(ws)/(1<<20)))
+		// Both nodes are the same host: each reports the host's memory.
+		nodeLines = append(nodeLines, fmt.Sprintf("%s %.0f MiB", node.Name, float64(summary.Node.Memory.WorkingSetBytes)/(1<<20)))
 	}
 	slices.Sort(lines)
-	fig.add("memory (working set, kubelet summary): %s; node %.0f MiB", strings.Join(lines, ", "), float64(summary.Node.Memory.WorkingSetBytes)/(1<<20))
+	fig.add("memory (working set, kubelet summary): %s; nodes %s", strings.Join(lines, ", "), strings.Join(nodeLines, ", "))
 }
 
 func poll(timeout time.Duration, cond func() bool) bool {
