@@ -49,7 +49,9 @@ func (c *cluster) up(images []string) (err error) {
 	start := time.Now()
 	if _, err := os.Stat(c.path("host.json")); err == nil {
 		fmt.Println(">> a cluster from an earlier run is recorded: taking it down first")
-		if err := c.down(false); err != nil {
+		// down reads that cluster's binaries and nodes, not this one's.
+		earlier := &cluster{dir: c.dir}
+		if err := earlier.down(false); err != nil {
 			return fmt.Errorf("taking the earlier cluster down: %w", err)
 		}
 	}

@@ -123,16 +123,8 @@ func TestRealCluster(t *testing.T) {
 		start := time.Now()
 		var last string
 		ok := poll(3*time.Minute, func() bool {
-			settled := true
-			last = ""
-			for _, p := range append(pools, "burst") {
-				s, line, err := snapshot(ctx, c, p)
-				if err != nil {
-					return false
-				}
-				last += "\n  " + line
-				settled = settled && s
-			}
+			var settled bool
+			settled, last = allSettled(ctx, c, append(pools, "burst"))
 			return settled
 		})
 		require.True(t, ok, "the pools did not settle with tally's counts equal to a fresh List:%s", last)
@@ -203,17 +195,10 @@ func TestRealCluster(t *testing.T) {
 		require.NoError(t, c.Patch(ctx, pool, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":3}}`))))
 		var last string
 		ok := poll(3*time.Minute, func() bool {
-			if c.Get(ctx, client.ObjectKeyFromObject(pool), pool) != nil {
-				return false
-			}
-			want := seen.Totals()
-			completed, _, _ := unstructured.NestedInt64(pool.Object, "status", "completedTotal")
-			unexpected, _, _ := unstructured.NestedInt64(pool.Object, "status", "unexpectedTotal")
-			last = fmt.Sprintf("tally: completedTotal %d unexpectedTotal %d; seen finishing: %d and %d", completed, unexpected,
-				want[config.CompletedTotal], want[config.UnexpectedTotal])
-			settled, _, err := snapshotIn(ctx, c, totalsNS, "delta")
-			return err == nil && settled && completed == want[config.CompletedTotal] && unexpected == want[config.UnexpectedTotal] &&
-				completed >= 1 && unexpected >= 3
+			var completed, unexpected int64
+			var settled bool
+			settled, completed, unexpected, last = totalsSettled(ctx, c, pool, seen)
+			return settled && completed >= 1 && unexpected >= 3
 		})
 		require.True(t, ok, "the totals never equalled the pods seen finishing: %s", last)
 		t.Log(last)
@@ -695,6 +680,38 @@ func snapshotIn(ctx context.Context, c client.Client, ns, name string) (bool, st
 		}
 	}
 	return settled, fmt.Sprintf("%s desired %d, tally/list: %s", name, desired, r.counts), nil
+}
+
+// allSettled reports whether every pool of ns named in names is settled
+// (snapshot), with a line per pool.
+func allSettled(ctx context.Context, c client.Client, names []string) (bool, string) {
+	settled, lines := true, ""
+	for _, name := range names {
+		s, line, err := snapshot(ctx, c, name)
+		if err != nil {
+			return false, lines + "\n  " + err.Error()
+		}
+		lines += "\n  " + line
+		settled = settled && s
+	}
+	return settled, lines
+}
+
+// totalsSettled reports whether pool is settled (snapshotIn) with both
+// totals equal to the pods seen finishing in its namespace, and returns the
+// totals and a line that shows both sides.
+func totalsSettled(ctx context.Context, c client.Client, pool *unstructured.Unstructured, seen *demo.Finished) (bool, int64, int64, string) {
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+		return false, 0, 0, err.Error()
+	}
+	want := seen.Totals()
+	completed, _, _ := unstructured.NestedInt64(pool.Object, "status", "completedTotal")
+	unexpected, _, _ := unstructured.NestedInt64(pool.Object, "status", "unexpectedTotal")
+	settled, line, err := snapshotIn(ctx, c, pool.GetNamespace(), pool.GetName())
+	line = fmt.Sprintf("%s; tally: completedTotal %d unexpectedTotal %d; seen finishing: %d and %d", line, completed, unexpected,
+		want[config.CompletedTotal], want[config.UnexpectedTotal])
+	ok := err == nil && settled && completed == want[config.CompletedTotal] && unexpected == want[config.UnexpectedTotal]
+	return ok, completed, unexpected, line
 }
 
 // reading is a pool, its namespace's pods and a fresh count of the pool's.

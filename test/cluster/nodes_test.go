@@ -288,16 +288,9 @@ func nodeLost(ctx context.Context, t *testing.T, c client.Client, cfg *rest.Conf
 	}
 	var last string
 	ok = poll(3*time.Minute, func() bool {
-		if c.Get(ctx, client.ObjectKeyFromObject(pool), pool) != nil {
-			return false
-		}
-		totals := seen.Totals()
-		completed, _, _ := unstructured.NestedInt64(pool.Object, "status", "completedTotal")
-		unexpected, _, _ := unstructured.NestedInt64(pool.Object, "status", "unexpectedTotal")
-		settled, line, err := snapshotIn(ctx, c, lostNS, "lost")
-		last = fmt.Sprintf("%s; tally: completedTotal %d unexpectedTotal %d; seen finishing: %d and %d", line, completed, unexpected,
-			totals[config.CompletedTotal], totals[config.UnexpectedTotal])
-		return err == nil && settled && completed == totals[config.CompletedTotal] && unexpected == totals[config.UnexpectedTotal]
+		var settled bool
+		settled, _, _, last = totalsSettled(ctx, c, pool, seen)
+		return settled
 	})
 	require.True(t, ok, "after the node was lost, the counts or totals never equalled the truth: %s", last)
 	for uid, total := range want {
@@ -392,30 +385,16 @@ func drain(ctx context.Context, t *testing.T, c client.Client, cfg *rest.Config,
 
 	var last string
 	ok := poll(3*time.Minute, func() bool {
-		if c.Get(ctx, client.ObjectKeyFromObject(pool), pool) != nil {
-			return false
-		}
-		totals := seen.Totals()
-		completed, _, _ := unstructured.NestedInt64(pool.Object, "status", "completedTotal")
-		unexpected, _, _ := unstructured.NestedInt64(pool.Object, "status", "unexpectedTotal")
-		settled, line, err := snapshotIn(ctx, c, drainNS, "drained")
-		last = fmt.Sprintf("%s; tally: completedTotal %d unexpectedTotal %d; seen finishing: %d and %d", line, completed, unexpected,
-			totals[config.CompletedTotal], totals[config.UnexpectedTotal])
-		return err == nil && settled && completed == totals[config.CompletedTotal] && unexpected == totals[config.UnexpectedTotal] && unexpected >= 6
+		var settled bool
+		var unexpected int64
+		settled, _, unexpected, last = totalsSettled(ctx, c, pool, seen)
+		return settled && unexpected >= 6
 	})
 	require.True(t, ok, "after the drain, the counts or totals never equalled the truth: %s", last)
 	t.Log(last)
 	ok = poll(3*time.Minute, func() bool {
-		last = ""
-		settled := true
-		for _, p := range []string{"alpha", "beta", "burst"} {
-			s, line, err := snapshot(ctx, c, p)
-			if err != nil {
-				return false
-			}
-			last += "\n  " + line
-			settled = settled && s
-		}
+		var settled bool
+		settled, last = allSettled(ctx, c, []string{"alpha", "beta", "burst"})
 		return settled
 	})
 	require.True(t, ok, "after the drain, the pools did not settle with tally's counts equal to a fresh List:%s", last)
