@@ -496,17 +496,7 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 	for range 4 {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
-				pod := &corev1.Pod{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "burst-", OwnerReferences: []metav1.OwnerReference{{
-						APIVersion: operator.GVK.GroupVersion().String(), Kind: operator.GVK.Kind,
-						Name: burst.GetName(), UID: burst.GetUID(), Controller: ptr.To(true),
-					}}},
-					Spec: corev1.PodSpec{
-						RestartPolicy:   corev1.RestartPolicyNever,
-						SchedulingGates: []corev1.PodSchedulingGate{{Name: "tally.dev/e2e-admission-only"}},
-						Containers:      []corev1.Container{{Name: "worker", Image: demo.WorkerImage}},
-					},
-				}
+				pod := burstPod(burst)
 				start := time.Now()
 				err := c.Create(ctx, pod)
 				mu.Lock()
@@ -536,6 +526,23 @@ func webhookPodDeleted(ctx context.Context, t *testing.T, c client.Client, fig *
 	waitReady(ctx, t, c, helm.Release+"-webhook")
 	assert.Zero(t, failed.Load(), "pod creates failed while a webhook pod went away (first: %v)", firstErr.Load())
 	assert.Positive(t, created.Load())
+}
+
+// burstPod is a pod of the pool burst with a scheduling gate: it goes
+// through admission and no node runs it (the operator deletes it as
+// surplus).
+func burstPod(burst *unstructured.Unstructured) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "burst-", OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: operator.GVK.GroupVersion().String(), Kind: operator.GVK.Kind,
+			Name: burst.GetName(), UID: burst.GetUID(), Controller: ptr.To(true),
+		}}},
+		Spec: corev1.PodSpec{
+			RestartPolicy:   corev1.RestartPolicyNever,
+			SchedulingGates: []corev1.PodSchedulingGate{{Name: "tally.dev/e2e-admission-only"}},
+			Containers:      []corev1.Container{{Name: "worker", Image: demo.WorkerImage}},
+		},
+	}
 }
 
 // aggregatorKilled kills the process holding the aggregator's lease with

@@ -431,17 +431,7 @@ func admissionLoad(ctx context.Context, t *testing.T, c client.Client) func() (c
 					return
 				case <-time.After(100 * time.Millisecond):
 				}
-				pod := &corev1.Pod{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "burst-", OwnerReferences: []metav1.OwnerReference{{
-						APIVersion: operator.GVK.GroupVersion().String(), Kind: operator.GVK.Kind,
-						Name: burst.GetName(), UID: burst.GetUID(), Controller: ptr.To(true),
-					}}},
-					Spec: corev1.PodSpec{
-						RestartPolicy:   corev1.RestartPolicyNever,
-						SchedulingGates: []corev1.PodSchedulingGate{{Name: "tally.dev/e2e-admission-only"}},
-						Containers:      []corev1.Container{{Name: "worker", Image: demo.WorkerImage}},
-					},
-				}
+				pod := burstPod(burst)
 				if err := c.Create(ctx, pod); err != nil {
 					createFailed.Add(1)
 					fail(err)
