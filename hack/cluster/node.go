@@ -324,7 +324,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     {"type": "loopback"}
   ]
 }
-`, kubeletName, nd.bridge, nd.dir(c, "cni", "ipam"), nd.podCIDR, strings.TrimSuffix(nd.gateway, ".1")+".10", nd.gateway),
+`, kubeletName, bridgeName, nd.dir(c, "cni", "ipam"), nd.podCIDR, strings.TrimSuffix(nd.gateway, ".1")+".10", nd.gateway),
 		"kubelet.yaml": fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # The hosts run cgroup v1, which kubelet refuses by default since 1.35.

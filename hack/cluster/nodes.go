@@ -35,8 +35,9 @@ type node struct {
 	// ip is the kubelet's address, the one the API server reaches it on.
 	ip      string
 	podCIDR string
-	// gateway is the bridge's address, the pods' default route.
-	gateway, bridge string
+	// gateway is the address of the node's bridge (bridgeName, in the
+	// node's own namespace after the first), the pods' default route.
+	gateway string
 	// netns and uplink, the host's end of the veth pair, and hostIP, the
 	// address on it, are empty for the first node.
 	netns, uplink, hostIP string
@@ -49,7 +50,7 @@ const maxNodes = 4
 // nodeOf returns the cluster's node n (1 to maxNodes).
 func nodeOf(n int) node {
 	if n == 1 {
-		return node{n: 1, name: nodeName, ip: nodeIP, podCIDR: podCIDR, gateway: nodeIP, bridge: bridgeName}
+		return node{n: 1, name: nodeName, ip: nodeIP, podCIDR: podCIDR, gateway: nodeIP}
 	}
 	return node{
 		n:       n,
@@ -58,7 +59,6 @@ func nodeOf(n int) node {
 		hostIP:  fmt.Sprintf("10.243.%d.1", n),
 		podCIDR: fmt.Sprintf("10.244.%d.0/24", n-1),
 		gateway: fmt.Sprintf("10.244.%d.1", n-1),
-		bridge:  bridgeName,
 		netns:   fmt.Sprintf("%s-%d", nodeName, n),
 		uplink:  fmt.Sprintf("tally-n%d", n),
 	}

@@ -25,7 +25,7 @@ func TestBinary(t *testing.T) {
 // range, a link or a socket, and that only the first runs on the host.
 func TestNodesApart(t *testing.T) {
 	nodes := nodesOf(maxNodes)
-	assert.Equal(t, node{n: 1, name: "tally-node", ip: "10.244.0.1", podCIDR: "10.244.0.0/24", gateway: "10.244.0.1", bridge: "tally0"}, nodes[0])
+	assert.Equal(t, node{n: 1, name: "tally-node", ip: "10.244.0.1", podCIDR: "10.244.0.0/24", gateway: "10.244.0.1"}, nodes[0])
 	seen := map[string]int{}
 	var ranges []netip.Prefix
 	for _, nd := range nodes {

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -164,11 +163,7 @@ func TestRealCluster(t *testing.T) {
 
 	t.Run("totals equal the pods seen finishing, on real pods", func(t *testing.T) {
 		const totalsNS = "e2e-totals"
-		require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: totalsNS}}))
-		wctx, stopWatch := context.WithCancel(ctx)
-		defer stopWatch()
-		seen, err := demo.WatchFinished(wctx, cfg, totalsNS)
-		require.NoError(t, err)
+		seen := watchedNamespace(ctx, t, c, cfg, totalsNS)
 		pool := operator.Pool(totalsNS, "delta", 6)
 		require.NoError(t, c.Create(ctx, pool))
 		running := func() []corev1.Pod {
@@ -283,10 +278,6 @@ func TestRealCluster(t *testing.T) {
 // answers again, and measures how long tally's counts then take to equal a
 // fresh List; no tally container may have restarted.
 func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, cs *kubernetes.Clientset, dir string, fig *figures) {
-	bin := os.Getenv("TALLY_CLUSTER_BIN")
-	if bin == "" {
-		t.Skip("TALLY_CLUSTER_BIN is not set: run make e2e-cluster")
-	}
 	restarts := func() map[string]string {
 		var pods corev1.PodList
 		require.NoError(t, c.List(ctx, &pods, client.InNamespace(helm.Namespace)))
@@ -303,9 +294,7 @@ func apiServerOutage(ctx context.Context, t *testing.T, c client.Client, cs *kub
 		return out
 	}
 	before := restarts()
-	cmd := exec.Command(bin, "outage", "--dir", dir, "--for", "2m")
-	cmd.Stdout, cmd.Stderr = t.Output(), t.Output()
-	require.NoError(t, cmd.Run())
+	clusterCommand(t, dir, "outage", "--for", "2m")
 	apiBack := time.Now()
 	// Pods reach the API server through the kubernetes Service, which
 	// kube-proxy, itself in client-go's back-off after the outage, programs

@@ -183,6 +183,18 @@ func shortTolerations(ctx context.Context, c client.Client, pod *corev1.Pod, d t
 	return c.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch))
 }
 
+// watchedNamespace creates namespace name and records its pods' ends
+// (demo.WatchFinished) until the test ends.
+func watchedNamespace(ctx context.Context, t *testing.T, c client.Client, cfg *rest.Config, name string) *demo.Finished {
+	t.Helper()
+	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+	wctx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	seen, err := demo.WatchFinished(wctx, cfg, name)
+	require.NoError(t, err)
+	return seen
+}
+
 // clusterCommand runs the cluster command (TALLY_CLUSTER_BIN) with args
 // on the test's cluster.
 func clusterCommand(t *testing.T, dir string, args ...string) {
@@ -219,11 +231,7 @@ func nodeLost(ctx context.Context, t *testing.T, c client.Client, cfg *rest.Conf
 	requireTwoNodes(ctx, t, c)
 	spread(ctx, t, c, fig)
 	const lostNS = "e2e-lost"
-	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: lostNS}}))
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	seen, err := demo.WatchFinished(wctx, cfg, lostNS)
-	require.NoError(t, err)
+	seen := watchedNamespace(ctx, t, c, cfg, lostNS)
 	pool := poolOn(ctx, t, c, lostNS, "lost", 6, secondNode)
 
 	onNode, err := podsOn(ctx, c, secondNode)
@@ -360,11 +368,7 @@ func drain(ctx context.Context, t *testing.T, c client.Client, cfg *rest.Config,
 	require.NotEmpty(t, tallyPods(ctx, t, c, "webhook")[drained], "no webhook replica on %s, the leader's node", drained)
 
 	const drainNS = "e2e-drain"
-	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: drainNS}}))
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	seen, err := demo.WatchFinished(wctx, cfg, drainNS)
-	require.NoError(t, err)
+	seen := watchedNamespace(ctx, t, c, cfg, drainNS)
 	pool := poolOn(ctx, t, c, drainNS, "drained", 6, drained)
 
 	load := admissionLoad(ctx, t, c)
