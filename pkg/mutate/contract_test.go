@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,10 @@ type contract struct {
 
 // admitted is what the contract says of one request.
 type admitted struct {
-	denied bool
+	// conflict: the API server refuses the request as stale (409), and
+	// nothing is stored, whatever admission decides.
+	conflict bool
+	denied   bool
 	// keys are the pod's tally.dev/ labels ("label:" prefix) and
 	// annotations ("annotation:" prefix); tracking whether it carries the
 	// tracking finalizer.
@@ -65,7 +69,26 @@ func (c contract) owner(pod *PodMeta) (schema.GroupKind, metav1.OwnerReference, 
 	return schema.GroupKind{}, metav1.OwnerReference{}, false
 }
 
+// stale reports whether the API server refuses an update as stale: the
+// request's resourceVersion, read as the API server reads it (a decimal
+// uint64; 0 or empty: an unconditional update), names another version than
+// the stored one.
+func stale(op Operation, stored, req *PodMeta) bool {
+	if op != Update {
+		return false
+	}
+	sent, err := strconv.ParseUint(req.ResourceVersion, 10, 64)
+	if err != nil || sent == 0 {
+		return false
+	}
+	have, err := strconv.ParseUint(stored.ResourceVersion, 10, 64)
+	return err == nil && sent != have
+}
+
 func (c contract) admit(op Operation, stored *PodMeta, storedPhase corev1.PodPhase, req *PodMeta, user string, now time.Time) admitted {
+	if stale(op, stored, req) {
+		return admitted{conflict: true}
+	}
 	kind, ref, trackedNow := c.owner(req)
 	_, _, trackedBefore := c.owner(stored)
 	var storedIntent, storedAt, storedBy string
@@ -87,7 +110,9 @@ func (c contract) admit(op Operation, stored *PodMeta, storedPhase corev1.PodPha
 	if trackedNow && has && !wasAdmitted && !reasonRule.MatchString(reason) {
 		return admitted{denied: true}
 	}
-	if trackedNow && newlySet && finished {
+	// An intent not admitted before the pod finished is never admitted:
+	// neither one set now, nor one set while the pod was not tracked.
+	if trackedNow && has && !wasAdmitted && finished {
 		return admitted{denied: true}
 	}
 
@@ -131,11 +156,13 @@ func (c contract) admit(op Operation, stored *PodMeta, storedPhase corev1.PodPha
 			out.keys["annotation:tally.dev/completion-intent-at"], out.keys["annotation:tally.dev/completion-intent-by"] = at, by
 		}
 	}
+	// Only tally adds the tracking finalizer: the webhook at CREATE, to
+	// the pods of a kind with totals, and a client's is removed then.
 	for _, f := range req.Finalizers {
 		out.tracking = out.tracking || f == "tally.dev/tracking"
 	}
-	if op == Create && trackedNow && c.totals[kind] {
-		out.tracking = true
+	if op == Create {
+		out.tracking = trackedNow && c.totals[kind]
 	}
 	return out
 }
@@ -218,6 +245,7 @@ func (h *harness) sequence(t *testing.T, choices []byte) {
 	var stored *PodMeta
 	var phase corev1.PodPhase
 	var steps []string
+	version := 0
 	now := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	users := []string{"operator", "someone-else"}
 	for step := 0; step < 12 && (step == 0 || len(choices) > 0); step++ {
@@ -254,20 +282,34 @@ func (h *harness) sequence(t *testing.T, choices []byte) {
 		if len(req.Annotations) == 0 {
 			req.Annotations = nil
 		}
-		user := users[next()%len(users)]
-		steps = append(steps, fmt.Sprintf("%s by %s: %s", op, user, strings.Join(did, ", ")))
+		// The user byte also picks the resourceVersion an update is sent
+		// with: the stored one, or one of the forms the API server reads
+		// otherwise.
+		c := next()
+		user := users[c%len(users)]
+		if op == Update {
+			req.ResourceVersion = resourceVersions[(c/len(users))%len(resourceVersions)](version)
+		}
+		steps = append(steps, fmt.Sprintf("%s by %s (resourceVersion %q, stored %d): %s", op, user, req.ResourceVersion, version, strings.Join(did, ", ")))
 
 		in := Input{Operation: op, User: user, Pod: req, Old: stored, OldPhase: phase, Now: now}
 		want := model.admit(op, stored, phase, req, user, now)
-		got, denied := req, false
+		got, denied, conflict := req, false, false
 		if matcher.calls(t, in) {
 			d := m.Decide(context.Background(), in)
-			denied = d.Denied != ""
+			denied, conflict = d.Denied != "", d.Conflict
 			if !denied {
 				got = applyDecision(t, req, d)
 			}
 		}
 		history := strings.Join(steps, "\n  ")
+		if want.conflict {
+			// The API server answers 409 after admission: a denial must
+			// be that conflict too, and nothing is stored.
+			require.True(t, !denied || conflict, "a stale update denied with 403 instead of the API server's 409, after:\n  %s", history)
+			continue
+		}
+		require.False(t, conflict, "an update answered as stale that is not, after:\n  %s", history)
 		require.Equal(t, want.denied, denied, "refused or not, after:\n  %s", history)
 		if denied {
 			continue
@@ -276,7 +318,21 @@ func (h *harness) sequence(t *testing.T, choices []byte) {
 		require.Equal(t, want.keys, keys, "the admitted pod's tally keys, after:\n  %s", history)
 		require.Equal(t, want.tracking, tracking, "the tracking finalizer, after:\n  %s", history)
 		stored = got
+		version++
+		stored.ResourceVersion = strconv.Itoa(version)
 	}
+}
+
+// resourceVersions are the forms of resourceVersion an update is sent with,
+// given the stored version: the stored one, "0" and "" (an unconditional
+// update of a pod), the stored one zero-padded (the same version, as the
+// API server parses it), and a stale one.
+var resourceVersions = []func(stored int) string{
+	func(v int) string { return strconv.Itoa(v) },
+	func(int) string { return "0" },
+	func(int) string { return "" },
+	func(v int) string { return "0" + strconv.Itoa(v) },
+	func(v int) string { return strconv.Itoa(v + 7) },
 }
 
 // mutateRequest changes req as a client could, by choice c, and says how.
@@ -345,6 +401,10 @@ func mutateRequest(req *PodMeta, c int, now time.Time) string {
 		delete(req.Annotations, "tally.dev/completion-intent-by")
 		return "stamps removed"
 	default:
+		if (c/16)%2 == 1 {
+			req.Finalizers = append(req.Finalizers, "tally.dev/tracking")
+			return "the tracking finalizer"
+		}
 		req.Finalizers = append(req.Finalizers, "example.com/other")
 		return "another finalizer"
 	}
@@ -370,8 +430,10 @@ func applyDecision(t *testing.T, pod *PodMeta, d Decision) *PodMeta {
 func FuzzContract(f *testing.F) {
 	// Each step is: seconds that pass, how many changes (1 + b%3), the
 	// changes (mutateRequest), what follows on paths the webhook does not
-	// see (b%8: 0 the pod fails, 1 it is deleted), the user. The two
-	// sequences of issue 38, and a few ordinary lives of a pod.
+	// see (b%8: 0 the pod fails, 1 it is deleted), the user (b%2) and the
+	// form of an update's resourceVersion (b/2%5: resourceVersions). The
+	// two sequences of issue 38, the holes of issue 57, and a few ordinary
+	// lives of a pod.
 	seed := func(steps ...[]byte) []byte { return slices.Concat(steps...) }
 	f.Add(seed( // an admitted intent laundered by removing the controller
 		[]byte{0, 1, 0, 5, 7, 0},     // CREATE controlled by pool-a, identity written
@@ -393,6 +455,20 @@ func FuzzContract(f *testing.F) {
 	f.Add(seed( // a parent name that is no label value, stamps of now
 		[]byte{0, 1, 32, 5, 7, 0},
 		[]byte{0, 1, 8, 13, 7, 0}))
+	f.Add(seed( // an admitted intent removed, forged and changed by updates sent with "0", "" and a padded version
+		[]byte{0, 1, 0, 5, 7, 0},
+		[]byte{0, 0, 8, 7, 0},
+		[]byte{0, 0, 11, 7, 2},
+		[]byte{0, 0, 12, 7, 4},
+		[]byte{0, 0, 9, 7, 6},
+		[]byte{0, 0, 11, 7, 8})) // and from a stale copy: a conflict
+	f.Add(seed( // an intent carried in by a detour after the pod failed
+		[]byte{0, 1, 0, 5, 7, 0},
+		[]byte{1, 0, 15, 0, 0},   // then the pod fails
+		[]byte{0, 1, 4, 8, 7, 0}, // no longer the controller, and marked
+		[]byte{0, 0, 0, 7, 0}))   // the controller again
+	f.Add(seed( // the tracking finalizer added by the client at CREATE, to a kind without totals
+		[]byte{0, 1, 48, 31, 7, 0}))
 	h := newHarness(f)
 	f.Fuzz(func(t *testing.T, choices []byte) {
 		h.sequence(t, choices)

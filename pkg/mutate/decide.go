@@ -3,6 +3,8 @@ package mutate
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,6 +63,10 @@ type Decision struct {
 	// finished: an operator acting on an older view of the pod, not a
 	// broken client.
 	Late bool
+	// Conflict says that the API server refuses this update with 409
+	// Conflict whatever the webhook answers (staleUpdate): a denial is
+	// answered as that conflict, which clients retry from a fresh copy.
+	Conflict bool
 	// Patch holds the operations that bring the pod in line with the
 	// contract; empty when it already is.
 	Patch []PatchOp
@@ -144,21 +150,31 @@ const UnobservedRequester = "system:tally:unobserved"
 // that would remove or change an intent admitted before (admittedBefore):
 // that holds whatever the owner, so an owner change cannot launder an
 // intent. The only changes made to such a pod are the removal of identity
-// keys it must not carry and of -at/-by stamps a client wrote.
-// An update sent from a stale copy of the pod (its resourceVersion is not
-// the stored one's) is allowed untouched, so that the API server answers it
-// with its usual conflict, which clients retry, rather than with a denial.
+// keys it must not carry, of -at/-by stamps a client wrote, and on CREATE
+// of the tracking finalizer.
+//
+// Every request is decided on its content, against the stored pod, whatever
+// its resourceVersion: "0" and "" make an unconditional update of a pod, and
+// a zero-padded copy of the stored version is the stored version, as the
+// API server parses them. Only the form of a denial depends on it: an
+// update the API server refuses as stale anyway (staleUpdate) is denied
+// with its 409 Conflict, which clients retry, rather than with 403.
 func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	if (in.Operation != Create && in.Operation != Update) || in.Pod == nil {
 		return Decision{}
 	}
-	if in.Operation == Update && in.Old != nil && in.Pod.ResourceVersion != "" && in.Pod.ResourceVersion != in.Old.ResourceVersion {
-		return Decision{}
+	d := m.decide(ctx, in)
+	if d.Denied != "" && staleUpdate(in) {
+		d.Conflict = true
 	}
+	return d
+}
+
+func (m *Mutator) decide(ctx context.Context, in Input) Decision {
 	owner, isTracked := trackedOwner(in.Pod, m.tracked)
 	admitted := m.admittedBefore(in)
 	if !isTracked {
-		if !carriesTallyKeys(in.Pod) && !admitted {
+		if !carriesTallyKeys(in.Pod) && !admitted && !clientTracking(in) {
 			return Decision{}
 		}
 		// An intent admitted before stays whatever the owner now: the
@@ -171,6 +187,9 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 		}
 		var d Decision
 		p := patcher{in: in, d: &d}
+		if in.Operation == Create {
+			p.noFinalizer(keys.TrackingFinalizer)
+		}
 		p.label(keys.ParentUID, "", false)
 		p.label(keys.ParentName, "", false)
 		p.annotation(keys.Parent, "", false)
@@ -187,7 +206,7 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	if denied := checkIntent(in, admitted); denied != "" {
 		return Decision{Denied: denied}
 	}
-	if late := checkFinished(in); late != "" {
+	if late := checkFinished(in, admitted); late != "" {
 		return Decision{Denied: late, Late: true}
 	}
 
@@ -216,10 +235,45 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 	at, by, hasIntentStamp := intentStamp(in, admitted)
 	p.annotation(keys.CompletionIntentAt, at, hasIntentStamp)
 	p.annotation(keys.CompletionIntentBy, by, hasIntentStamp)
-	if in.Operation == Create && isTracked && m.totals[owner.GroupKind] && (m.served == nil || m.served(owner.GroupKind)) {
-		p.finalizer(keys.TrackingFinalizer)
+	if in.Operation == Create {
+		switch {
+		case isTracked && m.totals[owner.GroupKind] && (m.served == nil || m.served(owner.GroupKind)):
+			p.finalizer(keys.TrackingFinalizer)
+		case isTracked && m.totals[owner.GroupKind]:
+			// A kind with totals that the API server does not serve for
+			// them now: tally adds no finalizer, and the match conditions
+			// (which cannot tell) skip a pod stamped with one; the
+			// aggregator releases it promptly, as any pod of a kind it
+			// cannot serve.
+		default:
+			p.noFinalizer(keys.TrackingFinalizer)
+		}
 	}
 	return d
+}
+
+// clientTracking reports whether a CREATE carries the tracking finalizer,
+// which only tally adds.
+func clientTracking(in Input) bool {
+	return in.Operation == Create && slices.Contains(in.Pod.Finalizers, keys.TrackingFinalizer)
+}
+
+// staleUpdate reports whether the API server refuses this update with 409
+// Conflict whatever admission decides: its resourceVersion parses, as the
+// API server parses it (a decimal uint64), to a version other than 0 (an
+// unconditional update, as "" is) and other than the stored one's. One that
+// does not parse is refused by the API server too, but as invalid: it is
+// not stale.
+func staleUpdate(in Input) bool {
+	if in.Operation != Update || in.Old == nil {
+		return false
+	}
+	sent, err := strconv.ParseUint(in.Pod.ResourceVersion, 10, 64)
+	if err != nil || sent == 0 {
+		return false
+	}
+	stored, err := strconv.ParseUint(in.Old.ResourceVersion, 10, 64)
+	return err == nil && sent != stored
 }
 
 // trackedOwner returns the pod's controller owner when it is of a tracked
@@ -294,24 +348,28 @@ func checkIntent(in Input, admitted bool) string {
 	return ""
 }
 
-// checkFinished returns a denial message when the request sets an intent
-// on a pod that has finished. An intent counts only when it is admitted
-// before its pod finishes, in the API server's order of events: the stored
-// pod the request is admitted against says whether it has, so a pod's total
-// never depends on when the aggregator looks.
-func checkFinished(in Input) string {
-	if in.Old == nil || !intent.Finished(in.OldPhase, in.Old.DeletionTimestamp != nil) {
+// checkFinished returns a denial message when a tracked pod that has
+// finished would carry an intent not admitted before (admitted is
+// admittedBefore): one the request sets, or one the pod carried while it was
+// not tracked. An intent counts only when it is admitted before its pod
+// finishes, in the API server's order of events: the stored pod the request
+// is admitted against says whether it has, so a pod's total never depends
+// on when the aggregator looks, and no detour (detaching the pod, marking
+// it, attaching it again) admits one later.
+func checkFinished(in Input, admitted bool) string {
+	if admitted || in.Old == nil || !intent.Finished(in.OldPhase, in.Old.DeletionTimestamp != nil) {
 		return ""
 	}
 	reason, has := in.Pod.Annotations[keys.CompletionIntent]
-	if old, had := in.Old.Annotations[keys.CompletionIntent]; !has || had && old == reason {
-		// No intent, or the one the pod carried before (admitted then, or
-		// set while it was not tracked: admitted now).
+	if !has {
 		return ""
 	}
 	how := fmt.Sprintf("phase %s", in.OldPhase)
 	if in.Old.DeletionTimestamp != nil {
 		how = "its deletion was requested"
+	}
+	if old, had := in.Old.Annotations[keys.CompletionIntent]; had && old == reason {
+		return fmt.Sprintf("annotation %s was set while this pod was not tracked, and the pod has finished (%s): an intent counts only when it is admitted before the pod finishes, so the pod cannot become tracked with it; remove the annotation, and its end is counted as unexpected", keys.CompletionIntent, how)
 	}
 	return fmt.Sprintf("annotation %s cannot be set on a pod that has finished (%s): an intent counts only when it is set before the pod finishes, and this pod's end is counted as unexpected", keys.CompletionIntent, how)
 }

@@ -72,15 +72,17 @@ func (failingChecker) CheckOwner(context.Context, string, identity.Parent) (bool
 func TestDecide(t *testing.T) {
 	longName := strings.Repeat("a", 64)
 	tests := []struct {
-		name        string
-		op          Operation
-		pod, old    *builder.PodBuilder
-		checker     OwnerChecker
-		wantLabels  map[string]string
-		wantAnn     map[string]string
-		wantWarn    []string
-		wantDenied  string
-		wantNoPatch bool
+		name       string
+		op         Operation
+		pod, old   *builder.PodBuilder
+		checker    OwnerChecker
+		wantLabels map[string]string
+		wantAnn    map[string]string
+		wantWarn   []string
+		wantDenied string
+		// wantConflict: the denial is answered as the API server's 409.
+		wantConflict bool
+		wantNoPatch  bool
 		// wantUnavailable: the call must fail and be retried.
 		wantUnavailable string
 		// wantUnverified is the reason a tracked pod was not stamped.
@@ -266,14 +268,49 @@ func TestDecide(t *testing.T) {
 			wantNoPatch: true,
 		},
 		{
-			name: "update from a stale copy is left to the API server's conflict",
-			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped().ResourceVersion("11"),
-			wantNoPatch: true,
-		},
-		{
 			name: "update from the current copy is checked",
 			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped().ResourceVersion("12"),
 			wantDenied: "is sticky",
+		},
+		{
+			name: "update from a stale copy is checked too, and denied as the conflict the API server answers",
+			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped().ResourceVersion("11"),
+			wantDenied: "is sticky", wantConflict: true,
+		},
+		{
+			name: `resourceVersion "0" is an unconditional update: checked, and no conflict`,
+			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped().ResourceVersion("0"),
+			wantDenied: "is sticky",
+		},
+		{
+			name: `resourceVersion "00" parses as 0`,
+			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped().ResourceVersion("00"),
+			wantDenied: "is sticky",
+		},
+		{
+			name: "an empty resourceVersion is an unconditional update",
+			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped(),
+			wantDenied: "is sticky",
+		},
+		{
+			name: "a zero-padded copy of the stored version is the stored version",
+			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped().ResourceVersion("012"),
+			wantDenied: "is sticky",
+		},
+		{
+			name: "a resourceVersion that does not parse is no conflict (the API server refuses it as invalid)",
+			op:   Update, old: withIntent(stamped()).ResourceVersion("12"), pod: stamped().ResourceVersion("+12"),
+			wantDenied: "is sticky",
+		},
+		{
+			name: "stamps forged on a stale copy are overwritten all the same",
+			op:   Update, old: withIntent(stamped()).ResourceVersion("12"),
+			pod: stamped().ResourceVersion("0").Annotation(keys.CompletionIntent, "scale-down").
+				Annotation(keys.CompletionIntentAt, "2001-01-01T00:00:00Z").Annotation(keys.CompletionIntentBy, "mallory"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a", keys.CompletionIntent: "scale-down",
+				keys.CompletionIntentAt: "2026-11-29T09:00:00Z", keys.CompletionIntentBy: "alice"},
+			wantWarn: []string{"annotation tally.dev/completion-intent-at set back", "annotation tally.dev/completion-intent-by set back"},
 		},
 		{
 			name: "invalid reason token is denied",
@@ -311,6 +348,18 @@ func TestDecide(t *testing.T) {
 			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
 			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a", keys.CompletionIntent: "scale-down",
 				keys.CompletionIntentAt: stamp, keys.CompletionIntentBy: user},
+		},
+		{
+			name: "an intent set while the pod was not tracked is refused when the finished pod becomes tracked",
+			op:   Update, old: pod().OwnedBy(pool, "pool-a", uid).Annotation(keys.CompletionIntent, "scale-down").Phase(corev1.PodFailed),
+			pod:        stamped().Annotation(keys.CompletionIntent, "scale-down").Phase(corev1.PodFailed),
+			wantDenied: "annotation tally.dev/completion-intent was set while this pod was not tracked, and the pod has finished (phase Failed)",
+		},
+		{
+			name: "so is one set while the pod was not tracked when the pod being deleted becomes tracked",
+			op:   Update, old: pod().Annotation(keys.CompletionIntent, "drain").Deleting(now),
+			pod:        stamped().Annotation(keys.CompletionIntent, "drain").Deleting(now),
+			wantDenied: "has finished (its deletion was requested)",
 		},
 		{
 			name: "an intent on an untracked pod that finished is allowed untouched",
@@ -378,6 +427,7 @@ func TestDecide(t *testing.T) {
 			require.Empty(t, d.Unavailable)
 			if tc.wantDenied != "" {
 				assert.Contains(t, d.Denied, tc.wantDenied)
+				assert.Equal(t, tc.wantConflict, d.Conflict, "denied as a conflict")
 				assert.Empty(t, d.Patch)
 				return
 			}
@@ -417,7 +467,8 @@ func TestDecideCreateReinvocationKeepsOwnStamp(t *testing.T) {
 
 // TestDecideTrackingFinalizer: the pods of a kind with totals get
 // keys.TrackingFinalizer on CREATE only, once, beside the finalizers they
-// carry; other pods never get it.
+// carry; other pods never get it, and a client that adds it on CREATE to
+// any other pod has it removed.
 func TestDecideTrackingFinalizer(t *testing.T) {
 	withTotals := []config.Parent{
 		{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: map[config.Count]string{config.UnexpectedTotal: "status.restarts"}, Ledger: "status.ledger"},
@@ -439,6 +490,15 @@ func TestDecideTrackingFinalizer(t *testing.T) {
 		{name: "untracked owner", op: Create, pod: pod().ControlledBy(jobGVK, "j", uid)},
 		{name: "owner not verified", op: Create, pod: pod().ControlledBy(pool, "pool-a", uid), checker: fakeChecker{}},
 		{name: "update never adds it back", op: Update, pod: stamped(), old: stamped()},
+		{name: "a client's, on a kind without totals, is removed", op: Create,
+			pod: pod().ControlledBy(rcGVK, "rc", uid).Finalizer("example.com/x").Finalizer(keys.TrackingFinalizer), want: []string{"example.com/x"}},
+		{name: "a client's, on an untracked owner's pod, is removed", op: Create,
+			pod: pod().ControlledBy(jobGVK, "j", uid).Finalizer(keys.TrackingFinalizer).Finalizer("example.com/x"), want: []string{"example.com/x"}},
+		{name: "a client's, on a pod with no owner, is removed", op: Create, pod: pod().Finalizer(keys.TrackingFinalizer), want: []string{}},
+		{name: "a client's, on a pod whose owner is not verified, is removed", op: Create,
+			pod: pod().ControlledBy(pool, "pool-a", uid).Finalizer(keys.TrackingFinalizer), checker: fakeChecker{}, want: []string{}},
+		{name: "an update keeps it: the aggregator removes it", op: Update,
+			pod: stamped().Finalizer(keys.TrackingFinalizer), old: stamped().Finalizer(keys.TrackingFinalizer), want: []string{keys.TrackingFinalizer}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -261,6 +261,10 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, bufp **bytes.Bu
 	if d.Denied != "" {
 		h.log.Info("Denied pod admission", "uid", req.UID, "namespace", req.Namespace, "user", in.User, "reason", d.Denied)
 		resp := denied(req.UID, d.Denied)
+		if d.Conflict {
+			resp = conflicted(req.UID, fmt.Sprintf("the pod was modified since resourceVersion %s was read (stored: %s); read it again and retry. Against the stored pod: %s",
+				in.Pod.ResourceVersion, in.Old.ResourceVersion, d.Denied))
+		}
 		if d.Late {
 			resp.result = "late"
 		}

@@ -97,6 +97,16 @@ func TestHandlerStampsAndDenies(t *testing.T) {
 	assert.Equal(t, int32(http.StatusForbidden), resp.Result.Code)
 	assert.Contains(t, resp.Result.Message, "annotation tally.dev/completion-intent is sticky")
 
+	// The same update from a stale copy: the API server's own 409.
+	old = withIntent(stamped()).ResourceVersion("12").Build()
+	resp = serve(t, h, reviewBody(t, admissionv1.Update, stamped().ResourceVersion("11").Build(), old))
+	assert.False(t, resp.Allowed)
+	require.NotNil(t, resp.Result)
+	assert.Equal(t, int32(http.StatusConflict), resp.Result.Code)
+	assert.Equal(t, metav1.StatusReasonConflict, resp.Result.Reason)
+	assert.Contains(t, resp.Result.Message, "resourceVersion 11 was read (stored: 12)")
+	assert.Contains(t, resp.Result.Message, "is sticky")
+
 	resp = serve(t, h, reviewBody(t, admissionv1.Create, pod().Build(), nil))
 	assert.True(t, resp.Allowed)
 	assert.Empty(t, resp.Patch)

@@ -3,6 +3,7 @@ package mutate
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -54,6 +55,22 @@ func (p *patcher) finalizer(f string) {
 		return
 	}
 	p.d.Patch = append(p.d.Patch, PatchOp{Op: "add", Path: "/metadata/finalizers/-", Value: f})
+}
+
+// noFinalizer removes every f from the pod's finalizers, with a warning:
+// on CREATE, a client may not add the tracking finalizer, which tally adds
+// only to the pods of kinds it records.
+func (p *patcher) noFinalizer(f string) {
+	removed := false
+	for i := len(p.in.Pod.Finalizers) - 1; i >= 0; i-- {
+		if p.in.Pod.Finalizers[i] == f {
+			p.d.Patch = append(p.d.Patch, PatchOp{Op: "remove", Path: "/metadata/finalizers/" + strconv.Itoa(i)})
+			removed = true
+		}
+	}
+	if removed {
+		p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: finalizer %s removed: only tally adds it, to the pods of the kinds whose totals it records", f))
+	}
 }
 
 func oldMap(old *PodMeta, labels bool) map[string]string {

@@ -40,6 +40,12 @@ func denied(uid types.UID, message string) response {
 	return response{uid: uid, code: http.StatusForbidden, reason: metav1.StatusReasonForbidden, message: message, result: "denied"}
 }
 
+// conflicted refuses an update as the API server refuses a stale one, so
+// that clients retry it from a fresh copy.
+func conflicted(uid types.UID, message string) response {
+	return response{uid: uid, code: http.StatusConflict, reason: metav1.StatusReasonConflict, message: message, result: "denied"}
+}
+
 // appendReview appends r as the JSON of an AdmissionReview, field for field
 // what admissionv1.AdmissionReview marshals to, without reflection.
 func appendReview(buf []byte, r *response) []byte {

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -749,4 +750,130 @@ func TestOwnerChangeCannotLaunderAnIntent(t *testing.T) {
 		assert.False(t, at.Before(before), "the forged -at stayed: %s", got[keys.CompletionIntentAt])
 		assert.Equal(t, mutate.UnobservedRequester, got[keys.CompletionIntentBy], "the intent was set while the pod was not tracked: nobody was observed setting it")
 	})
+}
+
+// TestResourceVersionNeverExemptsARequest: an update is decided on its
+// content whatever resourceVersion it carries. "0" and "" make an
+// unconditional update of a pod, and a zero-padded copy of the stored
+// version is the stored version, as the API server parses them: none of
+// them removes, changes or forges an admitted intent. A stale version is
+// still answered with 409 Conflict, which clients retry.
+func TestResourceVersionNeverExemptsARequest(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	// marked creates a pod and marks it: its stored copy, intent admitted.
+	marked := func(t *testing.T, name string) *corev1.Pod {
+		pod := builder.Pod(ns, name).ControlledBy(operator.GVK, "pool-a", uid).Build()
+		require.NoError(t, env.Client.Create(ctx, pod))
+		require.NoError(t, intent.MarkForCompletion(ctx, env.Client, pod, "scale-down"))
+		return pod
+	}
+
+	changes := map[string]func(*corev1.Pod){
+		"removes-intent": func(p *corev1.Pod) { delete(p.Annotations, keys.CompletionIntent) },
+		"changes-reason": func(p *corev1.Pod) { p.Annotations[keys.CompletionIntent] = "evicted" },
+		"forges-stamps": func(p *corev1.Pod) {
+			p.Annotations[keys.CompletionIntentAt] = "2001-01-01T00:00:00Z"
+			p.Annotations[keys.CompletionIntentBy] = "mallory"
+		},
+	}
+	versions := map[string]func(stored string) string{
+		"zero":        func(string) string { return "0" },
+		"empty":       func(string) string { return "" },
+		"zero-padded": func(rv string) string { return "0" + rv },
+		"stored":      func(rv string) string { return rv },
+	}
+	for vname, version := range versions {
+		for cname, change := range changes {
+			t.Run(vname+"-"+cname, func(t *testing.T) {
+				admitted := marked(t, vname+"-"+cname)
+				update := admitted.DeepCopy()
+				update.ResourceVersion = version(update.ResourceVersion)
+				change(update)
+				err := env.Client.Update(ctx, update)
+				if err == nil {
+					// Only forged stamps may be taken, and set back.
+					require.Equal(t, "forges-stamps", cname, "the update was stored")
+				} else {
+					assert.True(t, apierrors.IsForbidden(err), "%v", err)
+				}
+				got := &corev1.Pod{}
+				require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(admitted), got))
+				for _, k := range []string{keys.CompletionIntent, keys.CompletionIntentAt, keys.CompletionIntentBy} {
+					assert.Equal(t, admitted.Annotations[k], got.Annotations[k], k)
+				}
+			})
+		}
+	}
+
+	t.Run("stale", func(t *testing.T) {
+		update := marked(t, "stale")
+		rv, err := strconv.ParseUint(update.ResourceVersion, 10, 64)
+		require.NoError(t, err)
+		update.ResourceVersion = strconv.FormatUint(rv-1, 10)
+		delete(update.Annotations, keys.CompletionIntent)
+		err = env.Client.Update(ctx, update)
+		require.Error(t, err)
+		assert.True(t, apierrors.IsConflict(err), "a stale update must get 409, got %v", err)
+	})
+}
+
+// TestNoIntentAfterTheEndByADetour: a tracked pod that failed without an
+// intent cannot have one carried in by detaching it (controller: false),
+// marking it, and attaching it again: the pod stays unexpected.
+func TestNoIntentAfterTheEndByADetour(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	pod := builder.Pod(ns, "failed").ControlledBy(operator.GVK, "pool-a", uid).Build()
+	require.NoError(t, env.Client.Create(ctx, pod))
+	pod.Status.Phase = corev1.PodFailed
+	require.NoError(t, env.Client.Status().Update(ctx, pod))
+
+	mergePatch := func(patch string) error {
+		return env.Client.Patch(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "failed"}}, client.RawPatch(types.MergePatchType, []byte(patch)))
+	}
+	direct := fmt.Sprintf(`{"metadata":{"annotations":{%q:"scale-down"}}}`, keys.CompletionIntent)
+	err := mergePatch(direct)
+	require.Error(t, err, "an intent set on a failed pod")
+	assert.ErrorContains(t, err, "cannot be set on a pod that has finished")
+
+	detached := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"example.tally.dev/v1","kind":"WorkerPool","name":"pool-a","uid":%q,"controller":false}],"annotations":{%q:"scale-down"}}}`,
+		uid, keys.CompletionIntent)
+	require.NoError(t, mergePatch(detached), "an untracked pod is not blocked")
+	attached := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"example.tally.dev/v1","kind":"WorkerPool","name":"pool-a","uid":%q,"controller":true}]}}`, uid)
+	err = mergePatch(attached)
+	require.Error(t, err, "the finished pod became tracked with an intent set after its end")
+	assert.True(t, apierrors.IsForbidden(err), "%v", err)
+	assert.ErrorContains(t, err, "was set while this pod was not tracked")
+
+	// Without the intent, it is tracked again, and unexpected.
+	unmarked := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"example.tally.dev/v1","kind":"WorkerPool","name":"pool-a","uid":%q,"controller":true}],"annotations":{%q:null}}}`,
+		uid, keys.CompletionIntent)
+	require.NoError(t, mergePatch(unmarked))
+	got := &corev1.Pod{}
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "failed"}, got))
+	assert.NotContains(t, got.Annotations, keys.CompletionIntent)
+	assert.Equal(t, string(uid), got.Labels[keys.ParentUID], "tracked again: it counts as unexpected")
+}
+
+// TestTrackingFinalizerOnCreateIsTallys: a client that creates a pod with
+// tally.dev/tracking, on a kind without totals or an untracked one, has it
+// removed with a warning; only tally adds it.
+func TestTrackingFinalizerOnCreateIsTallys(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "")
+	uid := createPool(t, ns, "pool-a")
+	c, w := clientWithWarnings(t)
+	for _, pod := range []*corev1.Pod{
+		builder.Pod(ns, "no-totals").ControlledBy(operator.GVK, "pool-a", uid).Finalizer(keys.TrackingFinalizer).Build(),
+		builder.Pod(ns, "untracked").ControlledBy(jobGVK, "job", "8c1e2b9e-0000-4000-8000-000000000002").
+			Finalizer("example.com/keep").Finalizer(keys.TrackingFinalizer).Build(),
+		builder.Pod(ns, "no-owner").Finalizer(keys.TrackingFinalizer).Build(),
+	} {
+		require.NoError(t, c.Create(ctx, pod), pod.Name)
+		assert.NotContains(t, pod.Finalizers, keys.TrackingFinalizer, pod.Name)
+	}
+	assertWarned(t, w, "finalizer tally.dev/tracking removed")
 }
