@@ -391,6 +391,20 @@ fuzz: ## Fuzz the webhook's request path for FUZZ_TIME (default 30s) per target.
 	go test ./pkg/mutate -run '^$$' -fuzz '^FuzzHandler$$' -fuzztime $(FUZZ_TIME) -fuzzminimizetime 1s
 	go test ./pkg/mutate -run '^$$' -fuzz '^FuzzAppendString$$' -fuzztime $(FUZZ_TIME) -fuzzminimizetime 1s
 
+# make fuzz-e2e: the end-to-end contract fuzzer (test/contract) against a
+# real kube-apiserver with the chart's registration, policies and
+# bin/webhook, for DURATION on seeds drawn from the clock; SEED=n runs one
+# sequence again (a failing one prints its seed). make test runs its fixed
+# seeds.
+DURATION ?= 10m
+SEED ?=
+
+.PHONY: fuzz-e2e
+fuzz-e2e: $(TEST_TOOLS) test-binaries ## Fuzz the pod metadata contract end to end for DURATION (default 10m) against a real API server; SEED=n replays one sequence.
+	@echo ">> the contract fuzzer $(if $(SEED),on seed $(SEED),for $(DURATION))"
+	TALLY_TEST_BINARIES=$(TEST_BINARIES) TALLY_CONTRACT_SEED=$(SEED) TALLY_CONTRACT_DURATION=$(if $(SEED),,$(DURATION)) \
+		go test ./test/contract -run '^TestContract$$' -count=1 -v -timeout 24h
+
 .PHONY: bench
 bench: envtest-assets ## Run the benchmarks and the aggregator bench program (figures in docs/benchmarks.md).
 	@echo ">> go test benchmarks (one core for the webhook, as the targets state)"

@@ -1,6 +1,8 @@
-// Package truth counts a parent's pods straight from the specification's
-// definitions, sharing no code with the aggregator: the demo and the suites
-// compare what tally writes with it, computed from a fresh List.
+// Package truth computes what tally must produce straight from the
+// specification, sharing no code with tally: a parent's counts from its
+// pods (the demo and the suites compare what tally writes with them,
+// computed from a fresh List), and what the pod metadata contract makes of
+// one request (the contract fuzzers run it beside the webhook).
 package truth
 
 import (

@@ -3,7 +3,6 @@ package mutate
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,176 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 
+	"tally.dev/tally/internal/truth"
 	"tally.dev/tally/pkg/config"
 )
-
-// contract is the pod metadata contract of the SPEC (and docs/metadata.md),
-// written from them and not from Decide: given the stored pod (none on
-// CREATE) and the pod a client asks for, the tally keys the admitted pod
-// must carry, or that the request is refused. verifyOwner is off.
-type contract struct {
-	tracked, totals map[schema.GroupKind]bool
-}
-
-// admitted is what the contract says of one request.
-type admitted struct {
-	// conflict: the API server refuses the request as stale (409), and
-	// nothing is stored, whatever admission decides.
-	conflict bool
-	denied   bool
-	// keys are the pod's tally.dev/ labels ("label:" prefix) and
-	// annotations ("annotation:" prefix); tracking whether it carries the
-	// tracking finalizer.
-	keys     map[string]string
-	tracking bool
-}
-
-var (
-	reasonRule = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
-	labelValue = regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)
-)
-
-// owner returns the kind and ref of the pod's controller ownerReference,
-// when it names a tracked kind: the group is what precedes the version in
-// the apiVersion ("v1": the core group; "/v1" names none).
-func (c contract) owner(pod *PodMeta) (schema.GroupKind, metav1.OwnerReference, bool) {
-	if pod == nil {
-		return schema.GroupKind{}, metav1.OwnerReference{}, false
-	}
-	for _, ref := range pod.OwnerReferences {
-		if ref.Controller == nil || !*ref.Controller {
-			continue
-		}
-		group := ""
-		if i := strings.LastIndex(ref.APIVersion, "/"); i >= 0 {
-			group = ref.APIVersion[:i]
-			if group == "" {
-				return schema.GroupKind{}, ref, false
-			}
-		}
-		gk := schema.GroupKind{Group: group, Kind: ref.Kind}
-		return gk, ref, c.tracked[gk]
-	}
-	return schema.GroupKind{}, metav1.OwnerReference{}, false
-}
-
-// stale reports whether the API server refuses an update as stale: the
-// request's resourceVersion, read as the API server reads it (a decimal
-// uint64; 0 or empty: an unconditional update), names another version than
-// the stored one.
-func stale(op Operation, stored, req *PodMeta) bool {
-	if op != Update {
-		return false
-	}
-	sent, err := strconv.ParseUint(req.ResourceVersion, 10, 64)
-	if err != nil || sent == 0 {
-		return false
-	}
-	have, err := strconv.ParseUint(stored.ResourceVersion, 10, 64)
-	return err == nil && sent != have
-}
-
-func (c contract) admit(op Operation, stored *PodMeta, storedPhase corev1.PodPhase, req *PodMeta, user string, now time.Time) admitted {
-	if stale(op, stored, req) {
-		return admitted{conflict: true}
-	}
-	kind, ref, trackedNow := c.owner(req)
-	_, _, trackedBefore := c.owner(stored)
-	var storedIntent, storedAt, storedBy string
-	var had, hadAt, hadBy bool
-	if stored != nil {
-		storedIntent, had = stored.Annotations["tally.dev/completion-intent"]
-		storedAt, hadAt = stored.Annotations["tally.dev/completion-intent-at"]
-		storedBy, hadBy = stored.Annotations["tally.dev/completion-intent-by"]
-	}
-	reason, has := req.Annotations["tally.dev/completion-intent"]
-	// Sticky, whatever the owner before or after: an intent carried while
-	// tracked, or stamped by tally (-at), was admitted.
-	wasAdmitted := op == Update && had && (trackedBefore || hadAt)
-	if wasAdmitted && (!has || reason != storedIntent) {
-		return admitted{denied: true}
-	}
-	finished := stored != nil && (storedPhase == corev1.PodSucceeded || storedPhase == corev1.PodFailed || stored.DeletionTimestamp != nil)
-	newlySet := has && !(had && storedIntent == reason)
-	if trackedNow && has && !wasAdmitted && !reasonRule.MatchString(reason) {
-		return admitted{denied: true}
-	}
-	// An intent not admitted before the pod finished is never admitted:
-	// neither one set now, nor one set while the pod was not tracked.
-	if trackedNow && has && !wasAdmitted && finished {
-		return admitted{denied: true}
-	}
-
-	out := admitted{keys: map[string]string{}}
-	if trackedNow {
-		out.keys["label:tally.dev/parent-uid"] = string(ref.UID)
-		if len(ref.Name) <= 63 && labelValue.MatchString(ref.Name) {
-			out.keys["label:tally.dev/parent-name"] = ref.Name
-		}
-		id := ref.Kind + "/" + ref.Name
-		if kind.Group != "" {
-			id = ref.Kind + "." + kind.Group + "/" + ref.Name
-		}
-		out.keys["annotation:tally.dev/parent"] = id
-	}
-	nowStamp := now.UTC().Format(time.RFC3339)
-	if has {
-		out.keys["annotation:tally.dev/completion-intent"] = reason
-		switch {
-		case wasAdmitted:
-			out.keys["annotation:tally.dev/completion-intent-at"], out.keys["annotation:tally.dev/completion-intent-by"] = nowStamp, UnobservedRequester
-			if hadAt {
-				out.keys["annotation:tally.dev/completion-intent-at"] = storedAt
-			}
-			if hadBy {
-				out.keys["annotation:tally.dev/completion-intent-by"] = storedBy
-			}
-		case trackedNow:
-			by := user
-			if !newlySet {
-				by = UnobservedRequester // set while not tracked: nobody seen setting it
-			}
-			at := nowStamp
-			// A stamp already on the request, by the same requester and
-			// within 30 s of now, is the webhook's own from an earlier
-			// invocation of the same request.
-			if t, err := time.Parse(time.RFC3339, req.Annotations["tally.dev/completion-intent-at"]); err == nil && t.Location() == time.UTC &&
-				req.Annotations["tally.dev/completion-intent-by"] == by && t.After(now.Add(-30*time.Second)) && t.Before(now.Add(30*time.Second)) {
-				at = req.Annotations["tally.dev/completion-intent-at"]
-			}
-			out.keys["annotation:tally.dev/completion-intent-at"], out.keys["annotation:tally.dev/completion-intent-by"] = at, by
-		}
-	}
-	// Only tally adds the tracking finalizer: the webhook at CREATE, to
-	// the pods of a kind with totals, and a client's is removed then.
-	for _, f := range req.Finalizers {
-		out.tracking = out.tracking || f == "tally.dev/tracking"
-	}
-	if op == Create {
-		out.tracking = trackedNow && c.totals[kind]
-	}
-	return out
-}
-
-// tallyKeys is what admitted.keys holds, read from a pod.
-func tallyKeys(pod *PodMeta) (map[string]string, bool) {
-	keys := map[string]string{}
-	for k, v := range pod.Labels {
-		if strings.HasPrefix(k, "tally.dev/") {
-			keys["label:"+k] = v
-		}
-	}
-	for k, v := range pod.Annotations {
-		if strings.HasPrefix(k, "tally.dev/") {
-			keys["annotation:"+k] = v
-		}
-	}
-	tracking := false
-	for _, f := range pod.Finalizers {
-		tracking = tracking || f == "tally.dev/tracking"
-	}
-	return keys, tracking
-}
 
 // contractParents: a kind with totals (its pods get the finalizer) and a
 // core kind without.
@@ -210,19 +42,24 @@ var contractOwners = []metav1.OwnerReference{
 type harness struct {
 	matcher apiServerMatcher
 	mutator *Mutator
-	model   contract
+	model   truth.Contract
 }
 
 func newHarness(t testing.TB) *harness {
 	cfg := config.Config{Parents: contractParents}
 	h := &harness{matcher: compileConditions(t, MatchConditions(&cfg)), mutator: NewMutator(cfg.Parents, nil),
-		model: contract{tracked: map[schema.GroupKind]bool{}, totals: map[schema.GroupKind]bool{}}}
+		model: truth.NewContract(cfg.Parents)}
 	h.mutator.AddTrackingWhen(func(schema.GroupKind) bool { return true })
-	for _, p := range cfg.Parents {
-		h.model.tracked[p.GroupKind()] = true
-		h.model.totals[p.GroupKind()] = p.Tracked()
-	}
 	return h
+}
+
+// modelPod is what the model reads of a pod the harness holds.
+func modelPod(pod *PodMeta, phase corev1.PodPhase) *truth.Pod {
+	if pod == nil {
+		return nil
+	}
+	return &truth.Pod{ResourceVersion: pod.ResourceVersion, Labels: pod.Labels, Annotations: pod.Annotations,
+		OwnerReferences: pod.OwnerReferences, Finalizers: pod.Finalizers, Phase: phase, Deleting: pod.DeletionTimestamp != nil}
 }
 
 // sequence admits the requests the choices describe, one after the other,
@@ -293,7 +130,7 @@ func (h *harness) sequence(t *testing.T, choices []byte) {
 		steps = append(steps, fmt.Sprintf("%s by %s (resourceVersion %q, stored %d): %s", op, user, req.ResourceVersion, version, strings.Join(did, ", ")))
 
 		in := Input{Operation: op, User: user, Pod: req, Old: stored, OldPhase: phase, Now: now}
-		want := model.admit(op, stored, phase, req, user, now)
+		want := model.Admit(string(op), modelPod(stored, phase), modelPod(req, ""), user, now)
 		got, denied, conflict := req, false, false
 		if matcher.calls(t, in) {
 			d := m.Decide(context.Background(), in)
@@ -303,20 +140,20 @@ func (h *harness) sequence(t *testing.T, choices []byte) {
 			}
 		}
 		history := strings.Join(steps, "\n  ")
-		if want.conflict {
+		if want.Conflict {
 			// The API server answers 409 after admission: a denial must
 			// be that conflict too, and nothing is stored.
 			require.True(t, !denied || conflict, "a stale update denied with 403 instead of the API server's 409, after:\n  %s", history)
 			continue
 		}
 		require.False(t, conflict, "an update answered as stale that is not, after:\n  %s", history)
-		require.Equal(t, want.denied, denied, "refused or not, after:\n  %s", history)
+		require.Equal(t, want.Denied, denied, "refused or not, after:\n  %s", history)
 		if denied {
 			continue
 		}
-		keys, tracking := tallyKeys(got)
-		require.Equal(t, want.keys, keys, "the admitted pod's tally keys, after:\n  %s", history)
-		require.Equal(t, want.tracking, tracking, "the tracking finalizer, after:\n  %s", history)
+		keys, tracking := truth.Keys(modelPod(got, phase))
+		require.Equal(t, want.Keys, keys, "the admitted pod's tally keys, after:\n  %s", history)
+		require.Equal(t, want.Tracking, tracking, "the tracking finalizer, after:\n  %s", history)
 		stored = got
 		version++
 		stored.ResourceVersion = strconv.Itoa(version)
