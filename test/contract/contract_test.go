@@ -82,12 +82,21 @@ const (
 	durationEnv = "TALLY_CONTRACT_DURATION"
 )
 
-// fixedSeeds is how many seeds make test runs (1 to fixedSeeds), and
-// steps how many requests each sequence sends.
+// fixedSeeds is how many seeds make test runs (1 to fixedSeeds, then
+// foundSeeds), and steps how many requests each sequence sends.
 const (
 	fixedSeeds = 24
 	steps      = 60
 )
+
+// foundSeeds are the seeds of the longer runs that found something, each
+// run again by make test.
+var foundSeeds = []uint64{
+	// A pods/status update that changed nothing was answered with the
+	// version an earlier request had stored, and the fuzzer took it as
+	// that update's (a bug of the fuzzer).
+	1796397213967357865,
+}
 
 func TestMain(m *testing.M) {
 	var err error
@@ -154,6 +163,9 @@ func TestContract(t *testing.T) {
 		}
 	default:
 		for seed := uint64(1); seed <= fixedSeeds; seed++ {
+			run(seed)
+		}
+		for _, seed := range foundSeeds {
 			run(seed)
 		}
 	}
@@ -281,8 +293,12 @@ func sequence(t *testing.T, clients map[string]kubernetes.Interface, seed uint64
 		if differs := model.disagrees(r, pod, err, before, after); differs != "" && disagreement == "" {
 			disagreement = fmt.Sprintf("at step %d: %s", step, differs)
 		}
+		// A request that changes nothing is answered with the version
+		// stored before: that version is the earlier request's.
 		if pod != nil {
-			h.requests[pod.ResourceVersion] = sent{step: step, user: r.user, what: r.what, before: before, after: after}
+			if _, seen := h.requests[pod.ResourceVersion]; !seen {
+				h.requests[pod.ResourceVersion] = sent{step: step, user: r.user, what: r.what, before: before, after: after}
+			}
 		}
 	}
 	// A sentinel pod, created last: once the watch delivers it, it has
