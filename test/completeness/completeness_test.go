@@ -344,8 +344,9 @@ func gauge(t *testing.T, name string) float64 {
 }
 
 // TestSubresourcesCannotChangeTallyKeys: pods/status and pods/binding,
-// which the mutating webhook does not see, cannot change tally's keys; an
-// ordinary status update of a tracked pod passes.
+// which the mutating webhook does not see, cannot change tally's keys, and
+// a finished pod stays finished; an ordinary status update of a tracked pod
+// passes.
 func TestSubresourcesCannotChangeTallyKeys(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t)
@@ -369,6 +370,10 @@ func TestSubresourcesCannotChangeTallyKeys(t *testing.T) {
 		{"add the tracking finalizer", `{"metadata":{"finalizers":["tally.dev/tracking"]}}`, "finalizer tally.dev/tracking cannot be added or removed through pods/status"},
 		{"an ordinary status update", `{"status":{"phase":"Running"}}`, ""},
 		{"another annotation", `{"metadata":{"annotations":{"example.com/note":"x"}}}`, ""},
+		{"the pod fails", `{"status":{"phase":"Failed"}}`, ""},
+		{"a failed pod runs again", `{"status":{"phase":"Running"}}`, "a pod that has finished (phase Failed) cannot return to another phase"},
+		{"a failed pod succeeds", `{"status":{"phase":"Succeeded"}}`, "cannot return to another phase"},
+		{"a failed pod's status is updated", `{"status":{"message":"evicted"}}`, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -96,6 +96,10 @@ var foundSeeds = []uint64{
 	// version an earlier request had stored, and the fuzzer took it as
 	// that update's (a bug of the fuzzer).
 	1796397213967357865,
+	// A pod failed, pods/status set it Running again, and an intent was
+	// admitted on it: the policy on pods/status now keeps a finished pod
+	// finished.
+	1796397288372751896,
 }
 
 func TestMain(m *testing.M) {
