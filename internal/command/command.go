@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"runtime/debug"
+	"strconv"
 	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -97,10 +99,50 @@ func Main(name string, run func() error) {
 		fmt.Fprintf(os.Stderr, "%s: unexpected arguments %q\n", name, flag.Args())
 		os.Exit(2)
 	}
+	if err := setMemoryLimit(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(2)
+	}
 	if err := run(); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
 	}
+}
+
+// MemoryLimitEnv names the variable through which the chart hands a binary
+// its container's memory limit, in bytes (a resourceFieldRef).
+const MemoryLimitEnv = "TALLY_MEMORY_LIMIT"
+
+// MemoryLimitShare is the share of the container's memory limit that the Go
+// runtime's soft limit (GOMEMLIMIT) is set to: the collector works harder
+// as the heap nears it, and what the runtime does not count (goroutine
+// stacks, memory not yet returned, the binary) has the rest before the
+// container is killed.
+const MemoryLimitShare = 0.9
+
+// setMemoryLimit sets the runtime's soft memory limit to MemoryLimitShare
+// of $TALLY_MEMORY_LIMIT. GOMEMLIMIT, when set, is the runtime's own and
+// wins; without either, there is no soft limit.
+func setMemoryLimit() error {
+	limit, ok, err := memoryLimit(os.Getenv("GOMEMLIMIT"), os.Getenv(MemoryLimitEnv))
+	if ok {
+		debug.SetMemoryLimit(limit)
+	}
+	return err
+}
+
+// memoryLimit returns the soft limit for a container limit of container
+// bytes, and false when there is none to set: GOMEMLIMIT (gomemlimit) is
+// set, or container is empty.
+func memoryLimit(gomemlimit, container string) (int64, bool, error) {
+	if gomemlimit != "" || container == "" {
+		return 0, false, nil
+	}
+	n, err := strconv.ParseInt(container, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, false, fmt.Errorf("$%s=%q: expected the container's memory limit, a positive number of bytes", MemoryLimitEnv, container)
+	}
+	return int64(float64(n) * MemoryLimitShare), true, nil
 }
 
 // AddReadyWhenCachesSynced makes mgr's /readyz report not ready until the

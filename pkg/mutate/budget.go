@@ -15,13 +15,15 @@ import (
 // clients' large or slow bodies:
 //
 //   - A body reserves, once, before its first byte is read, from the share
-//     of its size class, the memory of the buffer it will be read into: its
-//     whole announced length (Content-Length) for a medium or large body,
-//     read into a buffer of that size and then let go; the class's largest
-//     body for a small one, read into a buffer of exactly that size that
-//     small bodies reuse. So the buffers requests hold never exceed what
-//     they reserved, whatever the order of requests. A body of unknown
-//     length reserves the largest body allowed. No request ever waits while
+//     of its size class, the memory of the buffer it will be read into and
+//     DecodeAllowance for what decoding it keeps: its whole announced
+//     length (Content-Length) for a medium or large body, read into a
+//     buffer of that size and then let go; the class's largest body for a
+//     small one, read into a buffer of exactly that size that small bodies
+//     reuse. So the buffers requests hold, and what their decoding keeps,
+//     never exceed what they reserved, whatever the order of requests and
+//     whatever a body holds. A body of unknown length reserves the largest
+//     body allowed. No request ever waits while
 //     it holds part of a reservation, so waiters cannot hold each other up:
 //     the budget cannot deadlock.
 //   - A wait is bounded by MemoryWait, far shorter than any timeout the API
@@ -30,8 +32,8 @@ import (
 //     failure policy to that request only).
 //   - Each class has its own share and its own queue: a small body never
 //     waits behind a large one. The small class's share is sized for every
-//     connection the server admits (MaxConnections) to hold one small body:
-//     pods' reviews are a few KiB. The server's connection limit closes only
+//     connection the server admits (MaxConnections) to hold one small body
+//     and its decoding: pods' reviews are a few KiB. The server's connection limit closes only
 //     connections on which no request is being served, so a small body
 //     waits only in a race the limit cannot see (a request read into the
 //     server's buffers just as its connection was closed), and then for at
@@ -57,9 +59,9 @@ const (
 const BodyBudget = smallShare + mediumShare + largeShare
 
 const (
-	smallShare  = MaxConnections * smallBuffer // 16 MiB and 128 KiB
-	mediumShare = 16 * MediumBody              // 16 MiB
-	largeShare  = 32 << 20                     // five bodies of MaxBodyBytes
+	smallShare  = MaxConnections * (smallBuffer + DecodeAllowance) // 32 MiB and 128 KiB
+	mediumShare = 16 * MediumBody                                  // 15 bodies of MediumBody
+	largeShare  = 32 << 20                                         // five bodies of MaxBodyBytes
 )
 
 // budget is the memory of bodies in flight, by class.
@@ -142,8 +144,8 @@ func (r reservation) release() {
 }
 
 // class returns the share for a body of announced bytes (-1: unknown), the
-// bytes to reserve for it (the buffer it will be read into), and the most
-// it may bring.
+// bytes to reserve for it (the buffer it will be read into and
+// DecodeAllowance), and the most it may bring.
 func (b *budget) class(announced int64) (p *share, reserve, limit int64) {
 	if announced < 0 {
 		announced = MaxBodyBytes
@@ -152,14 +154,14 @@ func (b *budget) class(announced int64) (p *share, reserve, limit int64) {
 		return nil, 0, 0
 	}
 	if small := b.classes[0]; announced <= small.max {
-		return small, smallBuffer, announced
+		return small, smallBuffer + DecodeAllowance, announced
 	}
 	for _, p := range b.classes[1:] {
 		if announced <= p.max {
-			return p, announced + bytes.MinRead, announced
+			return p, announced + bytes.MinRead + DecodeAllowance, announced
 		}
 	}
-	return b.classes[len(b.classes)-1], announced + bytes.MinRead, announced
+	return b.classes[len(b.classes)-1], announced + bytes.MinRead + DecodeAllowance, announced
 }
 
 // reserve reserves the memory for a body of announced bytes (-1: unknown),

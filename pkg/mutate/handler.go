@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	jsonv2 "github.com/go-json-experiment/json"
 	"io"
 	"mime"
 	"net/http"
@@ -55,6 +54,10 @@ var (
 		Name: "tally_webhook_memory_refused_total",
 		Help: "Requests refused (HTTP 503) because their body's class of memory stayed full for the whole wait, by class (small, medium, large).",
 	}, []string{"class"})
+	decodeRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tally_webhook_decode_refused_total",
+		Help: "Requests refused (HTTP 400) before their body was decoded whole, because decoding it would keep more than the decode allowance: no pod's review needs that much.",
+	})
 	memoryWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "tally_webhook_memory_wait_seconds",
 		Help:    "Time requests waited for their body's memory, by class; requests that got it at once are not observed.",
@@ -72,7 +75,7 @@ var (
 var admissionResults = []string{"unchanged", "patched", "denied", "late", "error", "ignored", "unavailable"}
 
 func init() {
-	metrics.Registry.MustRegister(admissions, memoryRefused, memoryWait, admissionDuration)
+	metrics.Registry.MustRegister(admissions, memoryRefused, decodeRefused, memoryWait, admissionDuration)
 	// Every series an alert or the dashboard reads exists from the start, at
 	// zero, so that a rate over it is defined before its first event.
 	for _, op := range []string{"CREATE", "UPDATE"} {
@@ -215,9 +218,14 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, bufp **bytes.Bu
 	if fault != nil {
 		fault(r.Context())
 	}
-	// One pass over the body that keeps only the pods' metadata: the rest of
-	// each pod is skipped, not decoded.
-	if err := jsonv2.Unmarshal(buf.Bytes(), rev); err != nil {
+	// One pass over the body that keeps only what the decision reads, and
+	// at most DecodeAllowance of it: the rest is skipped, not decoded.
+	if err := decodeReview(buf.Bytes(), rev); err != nil {
+		if errors.Is(err, errOverAllowance) {
+			decodeRefused.Inc()
+			h.log.Info("Refusing an AdmissionReview before decoding it whole", "remote", r.RemoteAddr, "bytes", buf.Len(), "error", err.Error())
+			return errored("", fmt.Errorf("AdmissionReview refused: %w", err)), ""
+		}
 		h.log.Info("Rejecting malformed AdmissionReview", "error", err.Error())
 		return errored("", fmt.Errorf("decoding AdmissionReview: %w", err)), ""
 	}
@@ -302,20 +310,22 @@ func (h *Handler) checkRequest(r *http.Request) error {
 }
 
 // readBody reads the request's body, of at most limit bytes, into buf,
-// whose capacity its reservation covers.
+// whose capacity its reservation covers (limit and bytes.MinRead). It reads
+// into that capacity only, whatever the transfer encoding: a body that goes
+// past limit (only one of unknown length can: net/http ends a body at its
+// Content-Length) is refused at its limit+1st byte, and buf never grows.
 func readBody(r *http.Request, buf *bytes.Buffer, limit int64) error {
-	// buf has room for limit and a final bytes.MinRead: ReadFrom does not
-	// grow it. (net/http ends a body at its Content-Length, so only a body
-	// of unknown length can go past limit, MaxBodyBytes.)
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+	room := buf.AvailableBuffer()[:limit+1]
+	n, err := io.ReadFull(r.Body, room)
 	switch {
-	case err != nil:
-		return fmt.Errorf("reading body: %w", err)
-	case n > limit:
+	case err == nil:
 		return fmt.Errorf("body exceeds the limit of %d bytes", MaxBodyBytes)
+	case !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF):
+		return fmt.Errorf("reading body: %w", err)
 	case n == 0:
 		return errors.New("empty body: expected an AdmissionReview")
 	}
+	buf.Write(room[:n])
 	return nil
 }
 

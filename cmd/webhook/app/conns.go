@@ -49,15 +49,25 @@ const shedAfter = 2 * time.Second
 // A connection on which a request's headers were read is never closed
 // (Go's StateActive: being served), nor a kept-alive one on which a byte of
 // its next request arrived (connections sees every byte read, below TLS).
-// So the requests in flight never outnumber the connections the limit
-// admits; the silent connections ahead of a newcomer leave at max per
-// shedAfter, and those that trickle bytes within the server's header and
-// body timeouts; and the API server's kept-alive connections are closed
-// only when no new connection can be.
+// Such a connection must send the rest of its headers within headerTimeout
+// of that first byte (the server gives shedAfter, within its read-header
+// timeout): Go's server waits for the first bytes of a next request under
+// its IdleTimeout, and starts ReadHeaderTimeout only once they are there,
+// so one byte would hold the connection for IdleTimeout; connections puts
+// a read deadline of headerTimeout on it when that byte arrives (the server
+// sets its own once it reads the headers). So the
+// requests in flight never outnumber the connections the limit admits; the
+// silent connections ahead of a newcomer leave at max per shedAfter, and
+// those that trickle bytes within the server's header and body timeouts;
+// and the API server's kept-alive connections are closed only when no new
+// connection can be.
 type connections struct {
 	net.Listener
 	max int
-	now func() time.Time
+	// headerTimeout bounds how long a kept-alive connection may take from
+	// the first byte of its next request to the end of its headers.
+	headerTimeout time.Duration
+	now           func() time.Time
 
 	mu    sync.Mutex
 	conns map[*trackedConn]*connState
@@ -86,8 +96,8 @@ type connState struct {
 // sheddable reports whether the connection may be closed once stale.
 func (s *connState) sheddable() bool { return !s.serving && !s.arriving }
 
-func limitConnections(ln net.Listener, max int) *connections {
-	return &connections{Listener: ln, max: max, now: time.Now, conns: make(map[*trackedConn]*connState),
+func limitConnections(ln net.Listener, max int, headerTimeout time.Duration) *connections {
+	return &connections{Listener: ln, max: max, headerTimeout: headerTimeout, now: time.Now, conns: make(map[*trackedConn]*connState),
 		freed: make(chan struct{}, 1), closed: make(chan struct{})}
 }
 
@@ -99,8 +109,10 @@ type trackedConn struct {
 
 func (t *trackedConn) Read(p []byte) (int, error) {
 	n, err := t.Conn.Read(p)
-	if n > 0 {
-		t.limit.arrived(t)
+	if n > 0 && t.limit.arrived(t) {
+		// The first byte of a next request: the rest of its headers
+		// within headerTimeout (real time: the deadline is the kernel's).
+		_ = t.Conn.SetReadDeadline(time.Now().Add(t.limit.headerTimeout))
 	}
 	return n, err
 }
@@ -171,18 +183,22 @@ func (c *connections) victim() (*trackedConn, string, time.Duration) {
 
 // arrived records that bytes arrived on conn: a kept-alive connection's
 // next request is on its way; a new one is making progress (its handshake,
-// its first headers), and its clock starts again.
-func (c *connections) arrived(conn *trackedConn) {
+// its first headers), and its clock starts again. It reports whether they
+// are the first bytes of a kept-alive connection's next request.
+func (c *connections) arrived(conn *trackedConn) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.conns[conn]
 	switch {
 	case !ok || s.serving:
 	case s.answered:
+		first := !s.arriving
 		s.arriving = true
+		return first
 	default:
 		s.since = c.now()
 	}
+	return false
 }
 
 // Close stops accepting, and ends an Accept waiting for room.

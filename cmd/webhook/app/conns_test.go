@@ -24,7 +24,7 @@ func newLimitFixture(t *testing.T, max int) *limitFixture {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	f := &limitFixture{t: t, ln: ln, now: time.Unix(0, 0)}
-	f.conns = limitConnections(ln, max)
+	f.conns = limitConnections(ln, max, time.Minute)
 	f.conns.now = func() time.Time { return f.now }
 	t.Cleanup(func() { f.conns.Close() })
 	return f
@@ -118,6 +118,28 @@ func TestKeptAliveConnectionsWithARequestArrivingStay(t *testing.T) {
 	f.connect()
 	assert.True(t, closedByServer(t, idle), "the idle kept-alive connection is shed")
 	assert.False(t, closedByServer(t, sending), "a connection whose next request is arriving is shed")
+}
+
+// TestATrickledRequestHoldsNoSlot: a kept-alive connection that sends the
+// first byte of a next request and nothing more is read from for the
+// header timeout at most, not for the server's IdleTimeout.
+func TestATrickledRequestHoldsNoSlot(t *testing.T) {
+	f := newLimitFixture(t, 2)
+	f.conns.headerTimeout = 200 * time.Millisecond
+	client, server := f.connect()
+	f.answered(server)
+	_, err := client.Write([]byte("P"))
+	require.NoError(t, err)
+	begin := time.Now()
+	_, err = server.Read(make([]byte, 4)) // as Go's server peeks at a next request
+	require.NoError(t, err)
+	guard := time.AfterFunc(5*time.Second, func() { server.Close() })
+	defer guard.Stop()
+	_, err = server.Read(make([]byte, 4)) // the rest never comes
+	var timeout net.Error
+	require.ErrorAs(t, err, &timeout)
+	assert.True(t, timeout.Timeout(), "%v", err)
+	assert.Less(t, time.Since(begin), 5*time.Second, "held past the header timeout")
 }
 
 // TestNewcomerWaitsWhenNothingCanBeShed: every connection is being served:

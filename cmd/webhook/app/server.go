@@ -76,7 +76,11 @@ func (s *server) Start(ctx context.Context) error {
 	}
 	// The limit sits below TLS: it sees every byte arrive, and sheds a
 	// connection without waiting on a TLS close alert.
-	conns := limitConnections(ln, maxConnections)
+	// A kept-alive connection's next request has its headers in by
+	// shedAfter from their first byte: within readHeaderTimeout, and short
+	// enough that a newcomer kept waiting by connections that trickle one
+	// byte is let in within seconds.
+	conns := limitConnections(ln, maxConnections, shedAfter)
 	tlsLn := tls.NewListener(conns, &tls.Config{
 		MinVersion:     tls.VersionTLS12,
 		GetCertificate: watcher.GetCertificate,
