@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -17,18 +18,19 @@ import (
 
 // DecodeAllowance bounds the memory that decoding one review keeps, beyond
 // the buffer its body was read into. Decoding keeps only what the decision
-// reads: the envelope's few strings, and of each pod's metadata its
-// tally.dev/ labels and annotations, its controller ownerReference, its
-// finalizers, its namespace, resourceVersion, deletion time and phase.
-// Everything else of the body (the spec, the other labels, annotations and
-// owners, unknown fields) is read and skipped without being kept. What is
-// kept is charged as it is decoded, at what the Go runtime holds for it
-// (chargeString and the other costs below); a review whose charge passes
+// reads: the envelope's few strings, and of each pod's metadata the labels
+// and annotations tally defines (tallyKeys), its controller
+// ownerReference, where the tracking finalizer stands among its finalizers,
+// its namespace, resourceVersion, deletion time and phase. Everything else
+// of the body (the spec, the other labels, annotations, owners and
+// finalizers' names, unknown fields) is read and skipped without being
+// kept. What is kept is charged as it is decoded, at what the Go runtime
+// holds for it (unquote and the costs below); a review whose charge passes
 // the allowance is refused before the rest is decoded. An ordinary pod's
-// review keeps a few hundred bytes: the allowance only stops bodies built
-// to make decoding allocate many times their size (thousands of empty
-// owner references, finalizers or tally.dev/ keys). It is reserved with
-// the body's memory (budget.class).
+// review keeps a few hundred bytes; one from the API server passes the
+// allowance only with more than a thousand finalizers in a pod, or an
+// owner reference or an envelope string of tens of KiB. The allowance is
+// reserved with the body's memory (budget.class).
 const DecodeAllowance = 64 << 10
 
 // What the Go runtime holds for a kept value, beyond its bytes.
@@ -170,9 +172,14 @@ func (m *meter) time(dec *jsontext.Decoder, t *metav1.Time) error {
 	return t.UnmarshalJSON(raw)
 }
 
-// tallyKeys decodes labels or annotations, keeping only the tally.dev/
-// keys: the decision reads no other. A map that had any member is kept
-// non-nil, so that a patch adds keys into it rather than replacing it.
+// tallyKeys decodes labels or annotations, keeping only the keys tally
+// defines: the decision reads no other (another tally.dev/ key changes
+// nothing it decides). A map that was sent, even empty, is kept non-nil, so
+// that a patch adds keys into it rather than replacing it. A value longer
+// than maxKept is kept as longValue, which differs from every value the
+// webhook writes and from every other long value: no key tally defines has
+// a valid value that long, so the decision is the same, and a review from
+// the API server never passes the allowance here, whatever its pod carries.
 func (m *meter) tallyKeys(dec *jsontext.Decoder, out *map[string]string) error {
 	switch dec.PeekKind() {
 	case 'n':
@@ -192,24 +199,32 @@ func (m *meter) tallyKeys(dec *jsontext.Decoder, out *map[string]string) error {
 		if err != nil {
 			return err
 		}
-		if !isTallyName(name) {
+		key, ok := tallyKeyNames[string(name)]
+		if !ok {
 			if err := dec.SkipValue(); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := m.charge(entryCost); err != nil {
-			return err
+		if dec.PeekKind() != '"' {
+			return fmt.Errorf("%s: a label or annotation value is a string", key)
 		}
-		k, err := m.unquote(name)
+		raw, err := dec.ReadValue()
 		if err != nil {
 			return err
 		}
-		var v string
-		if err := m.string(dec, &v); err != nil {
+		if _, again := kept[key]; !again {
+			if err := m.charge(entryCost); err != nil {
+				return err
+			}
+		}
+		if len(raw) > maxKept {
+			kept[key] = longValue(raw)
+			continue
+		}
+		if kept[key], err = m.unquote(raw); err != nil {
 			return err
 		}
-		kept[k] = v
 	}
 	if _, err := dec.ReadToken(); err != nil {
 		return err
@@ -218,13 +233,32 @@ func (m *meter) tallyKeys(dec *jsontext.Decoder, out *map[string]string) error {
 	return nil
 }
 
-// isTallyName reports whether a quoted member name starts with tally.dev/
-// (written plainly: the API server escapes nothing in it).
-func isTallyName(name jsontext.Value) bool {
-	return len(name) > len(keys.Prefix) && string(name[1:1+len(keys.Prefix)]) == keys.Prefix
+// tallyKeyNames are the keys tally defines, by their JSON form.
+var tallyKeyNames = func() map[string]string {
+	names := map[string]string{}
+	for _, k := range []string{keys.ParentUID, keys.ParentName, keys.Parent, keys.CompletionIntent, keys.CompletionIntentAt, keys.CompletionIntentBy} {
+		names[`"`+k+`"`] = k
+	}
+	return names
+}()
+
+// maxKept is the longest value of a key tally defines that decoding keeps:
+// longer than any valid one (a label value is at most 63 characters, a
+// reason token 63, a parent's identity a few hundred).
+const maxKept = 1 << 10
+
+// longValue stands for a quoted value longer than maxKept: its length and
+// a hash of it, so that two long values differ when they do.
+func longValue(raw jsontext.Value) string {
+	h := fnv.New64a()
+	_, _ = h.Write(raw)
+	return fmt.Sprintf("tally:value-of-%d-bytes-%016x", len(raw), h.Sum64())
 }
 
 var controllerName = []byte(`"controller"`)
+
+// trackingName is the tracking finalizer's JSON form.
+const trackingName = `"` + keys.TrackingFinalizer + `"`
 
 // controller decodes ownerReferences, keeping only the first controller
 // reference: the only one the decision reads (identity.Controller).
@@ -279,8 +313,9 @@ func (m *meter) controller(dec *jsontext.Decoder, out *[]metav1.OwnerReference) 
 	return nil
 }
 
-// names decodes a list of strings (a pod's finalizers), every element
-// charged.
+// names decodes a pod's finalizers: the decision reads only where
+// tally.dev/tracking stands among them, so the others are kept as "",
+// each charged for its place in the list.
 func (m *meter) names(dec *jsontext.Decoder, out *[]string) error {
 	switch dec.PeekKind() {
 	case 'n':
@@ -296,15 +331,19 @@ func (m *meter) names(dec *jsontext.Decoder, out *[]string) error {
 	}
 	kept := []string{}
 	for dec.PeekKind() != ']' {
-		var s string
-		if err := m.string(dec, &s); err != nil {
+		raw, err := dec.ReadValue()
+		if err != nil {
 			return err
 		}
 		// The slice's growth: at most twice what it holds.
 		if err := m.charge(2 * stringCost); err != nil {
 			return err
 		}
-		kept = append(kept, s)
+		name := ""
+		if string(raw) == trackingName {
+			name = keys.TrackingFinalizer
+		}
+		kept = append(kept, name)
 	}
 	if _, err := dec.ReadToken(); err != nil {
 		return err

@@ -20,7 +20,7 @@ func reviewWith(meta, spec string) []byte {
 }
 
 func TestDecodeKeepsWhatTheDecisionReads(t *testing.T) {
-	body := reviewWith(`"namespace":"ns","labels":{"app":"w","tally.dev/parent-uid":"u-1"},"annotations":{"note":"x"},
+	body := reviewWith(`"namespace":"ns","labels":{"app":"w","tally.dev/parent-uid":"u-1","tally.dev/note":"x"},"annotations":{"note":"x","tally.dev/parent":"`+strings.Repeat("p", 100<<10)+`"},
 "ownerReferences":[{"apiVersion":"apps/v1","kind":"ReplicaSet","name":"rs","uid":"u-0"},
   {"apiVersion":"example.tally.dev/v1","kind":"WorkerPool","name":"pool","uid":"u-1","controller":true},
   {"apiVersion":"batch/v1","kind":"Job","name":"j","uid":"u-2","controller":true}],
@@ -28,11 +28,18 @@ func TestDecodeKeepsWhatTheDecisionReads(t *testing.T) {
 	var rev review
 	require.NoError(t, decodeReview(body, &rev))
 	pod := rev.Request.Object.Metadata
-	assert.Equal(t, map[string]string{"tally.dev/parent-uid": "u-1"}, pod.Labels, "only tally.dev/ labels")
-	assert.Equal(t, map[string]string{}, pod.Annotations, "annotations without tally.dev/ keys: empty, not nil, so that a patch adds into them")
+	assert.Equal(t, map[string]string{"tally.dev/parent-uid": "u-1"}, pod.Labels, "only the labels tally defines")
+	assert.Regexp(t, `^tally:value-of-102402-bytes-[0-9a-f]{16}$`, pod.Annotations["tally.dev/parent"], "a value longer than any valid one")
+	assert.Len(t, pod.Annotations, 1)
 	require.Len(t, pod.OwnerReferences, 1, "the first controller only")
 	assert.Equal(t, "pool", pod.OwnerReferences[0].Name)
-	assert.Equal(t, []string{"example.com/a", "tally.dev/tracking"}, pod.Finalizers)
+	assert.Equal(t, []string{"", "tally.dev/tracking"}, pod.Finalizers, "where the tracking finalizer stands")
+
+	// Labels or annotations that hold nothing tally defines: empty, not
+	// nil, so that a patch adds into them rather than replacing them.
+	require.NoError(t, decodeReview(reviewWith(`"labels":{"app":"w"},"annotations":{}`, `{}`), &rev))
+	assert.Equal(t, map[string]string{}, rev.Request.Object.Metadata.Labels)
+	assert.Equal(t, map[string]string{}, rev.Request.Object.Metadata.Annotations)
 	assert.NotNil(t, pod.DeletionTimestamp)
 	assert.Equal(t, "operator", rev.Request.UserInfo.Username)
 }
@@ -51,9 +58,10 @@ func TestHostileBodiesAreBoundedByTheAllowance(t *testing.T) {
 		{"empty owner references", reviewWith(`"ownerReferences":[`+strings.TrimSuffix(fill(`{},`), ",")+`]`, `{}`), false},
 		{"non-controller owner references", reviewWith(`"ownerReferences":[`+strings.TrimSuffix(fill(`{"apiVersion":"v1","kind":"K","name":"n","uid":"u"},`), ",")+`]`, `{}`), false},
 		{"empty finalizers", reviewWith(`"finalizers":[`+strings.TrimSuffix(fill(`"",`), ",")+`]`, `{}`), true},
-		{"tally.dev/ keys", reviewWith(`"labels":{`+strings.TrimSuffix(strings.ReplaceAll(fill(`"tally.dev/%08d":"",`), "%08d", "x"), ",")+`}`, `{}`), true},
+		{"a key tally defines, again and again", reviewWith(`"labels":{`+strings.TrimSuffix(fill(`"tally.dev/parent-uid":"",`), ",")+`}`, `{}`), false},
+		{"other tally.dev/ keys", reviewWith(`"labels":{`+strings.TrimSuffix(strings.ReplaceAll(fill(`"tally.dev/%08d":"",`), "%08d", "x"), ",")+`}`, `{}`), false},
 		{"other keys, each once", reviewWith(`"annotations":{`+keysOnce(size)+`}`, `{}`), false},
-		{"a long tally.dev/ value", reviewWith(`"labels":{"tally.dev/parent-uid":"`+fill("a")+`"}`, `{}`), true},
+		{"a long value of a key tally defines", reviewWith(`"labels":{"tally.dev/parent-uid":"`+fill("a")+`"}`, `{}`), false},
 		{"a long skipped string", reviewWith(`"labels":{"app":"`+fill("a")+`"}`, `{}`), false},
 		{"a long uid, escaped", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"` + fill(`\u0041`) + `"}}`), true},
 		{"deep nesting", reviewWith(``, fill("[")), true},
@@ -79,6 +87,19 @@ func TestHostileBodiesAreBoundedByTheAllowance(t *testing.T) {
 			assert.Less(t, allocated, uint64(len(tc.body)/4+4*DecodeAllowance), "allocated decoding")
 		})
 	}
+}
+
+// TestRefusalAnswersTheRequest: a review refused for its decoding carries
+// the request's uid, so that the API server takes it as the webhook's
+// answer (a 400 refusal), not as a failed call its failure policy decides.
+func TestRefusalAnswersTheRequest(t *testing.T) {
+	body := reviewWith(`"finalizers":[`+strings.TrimSuffix(strings.Repeat(`"example.com/f",`, 5000), ",")+`]`, `{}`)
+	resp := serve(t, newTestHandler(), body)
+	assert.False(t, resp.Allowed)
+	assert.Equal(t, "u", string(resp.UID))
+	require.NotNil(t, resp.Result)
+	assert.Equal(t, int32(400), resp.Result.Code)
+	assert.Contains(t, resp.Result.Message, "no pod's review needs that much")
 }
 
 // keysOnce returns distinct object members filling about n bytes.

@@ -222,9 +222,16 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, bufp **bytes.Bu
 	// at most DecodeAllowance of it: the rest is skipped, not decoded.
 	if err := decodeReview(buf.Bytes(), rev); err != nil {
 		if errors.Is(err, errOverAllowance) {
+			// The API server sends the request's uid first: the refusal
+			// answers that request, or the API server would take it for
+			// a failed call and apply the failure policy.
+			var uid types.UID
+			if rev.Request != nil {
+				uid = rev.Request.UID
+			}
 			decodeRefused.Inc()
-			h.log.Info("Refusing an AdmissionReview before decoding it whole", "remote", r.RemoteAddr, "bytes", buf.Len(), "error", err.Error())
-			return errored("", fmt.Errorf("AdmissionReview refused: %w", err)), ""
+			h.log.Info("Refusing an AdmissionReview before decoding it whole", "uid", uid, "remote", r.RemoteAddr, "bytes", buf.Len(), "error", err.Error())
+			return errored(uid, fmt.Errorf("AdmissionReview refused: %w", err)), ""
 		}
 		h.log.Info("Rejecting malformed AdmissionReview", "error", err.Error())
 		return errored("", fmt.Errorf("decoding AdmissionReview: %w", err)), ""

@@ -101,10 +101,17 @@ func limitConnections(ln net.Listener, max int, headerTimeout time.Duration) *co
 		freed: make(chan struct{}, 1), closed: make(chan struct{})}
 }
 
-// trackedConn tells the limit when bytes arrive.
+// trackedConn tells the limit when bytes arrive, and holds a kept-alive
+// connection's next request to its header deadline.
 type trackedConn struct {
 	net.Conn
 	limit *connections
+
+	mu sync.Mutex
+	// headersBy, when set, is when a next request's headers must be in:
+	// no read deadline the server sets goes past it (once it has four
+	// bytes, Go's server sets its own, of its ReadHeaderTimeout from then).
+	headersBy time.Time
 }
 
 func (t *trackedConn) Read(p []byte) (int, error) {
@@ -112,9 +119,47 @@ func (t *trackedConn) Read(p []byte) (int, error) {
 	if n > 0 && t.limit.arrived(t) {
 		// The first byte of a next request: the rest of its headers
 		// within headerTimeout (real time: the deadline is the kernel's).
-		_ = t.Conn.SetReadDeadline(time.Now().Add(t.limit.headerTimeout))
+		t.mu.Lock()
+		t.headersBy = time.Now().Add(t.limit.headerTimeout)
+		_ = t.Conn.SetReadDeadline(t.headersBy)
+		t.mu.Unlock()
 	}
 	return n, err
+}
+
+// SetReadDeadline sets the read deadline, no later than a next request's
+// header deadline.
+func (t *trackedConn) SetReadDeadline(d time.Time) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.Conn.SetReadDeadline(t.capped(d))
+}
+
+// SetDeadline sets both deadlines, the read one no later than a next
+// request's header deadline.
+func (t *trackedConn) SetDeadline(d time.Time) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.Conn.SetWriteDeadline(d); err != nil {
+		return err
+	}
+	return t.Conn.SetReadDeadline(t.capped(d))
+}
+
+// capped returns d, or the header deadline when one is set and d is later
+// (or none). t.mu is held.
+func (t *trackedConn) capped(d time.Time) time.Time {
+	if !t.headersBy.IsZero() && (d.IsZero() || d.After(t.headersBy)) {
+		return t.headersBy
+	}
+	return d
+}
+
+// headersRead lifts the header deadline: the request's headers are in.
+func (t *trackedConn) headersRead() {
+	t.mu.Lock()
+	t.headersBy = time.Time{}
+	t.mu.Unlock()
 }
 
 // Accept accepts the next connection and, at the limit, sheds one (see
@@ -216,6 +261,9 @@ func (c *connections) track(conn net.Conn, state http.ConnState) {
 	tracked, ok := conn.(*trackedConn)
 	if !ok {
 		return
+	}
+	if state == http.StateActive {
+		tracked.headersRead()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bufio"
 	"io"
 	"net"
 	"net/http"
@@ -190,4 +191,58 @@ func TestNewConnectionsMakingProgressStay(t *testing.T) {
 	}
 	assert.True(t, closedByServer(t, silent), "the silent connection is shed")
 	assert.False(t, closedByServer(t, slow), "a new connection making progress is shed")
+}
+
+// TestTrickledHeadersAreCutAtTheHeaderDeadline: through a real http.Server,
+// a kept-alive connection that sends four bytes of a next request (after
+// which Go's server sets its own, longer, header deadline) and then
+// trickles the rest is closed at the header deadline from its first byte.
+func TestTrickledHeadersAreCutAtTheHeaderDeadline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	conns := limitConnections(ln, 4, 500*time.Millisecond)
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }),
+		ReadHeaderTimeout: 5 * time.Second,
+		ConnState:         conns.track,
+	}
+	go func() { _ = srv.Serve(conns) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	r := bufio.NewReader(c)
+	resp, err := http.ReadResponse(r, nil)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	begin := time.Now()
+	_, err = io.WriteString(c, "G")
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond)
+	_, err = io.WriteString(c, "ET / HTTP/1.1\r\n")
+	require.NoError(t, err)
+	closed := make(chan time.Duration, 1)
+	go func() {
+		_, _ = r.ReadByte() // until the server closes the connection
+		closed <- time.Since(begin)
+	}()
+	for {
+		select {
+		case d := <-closed:
+			t.Logf("closed %s after the first byte", d.Round(time.Millisecond))
+			assert.Less(t, d, 2*time.Second, "held past the header deadline")
+			return
+		case <-time.After(100 * time.Millisecond):
+			if _, err := io.WriteString(c, "X-A: b\r\n"); err != nil {
+				return // closed
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the connection was never closed")
+		}
+	}
 }
