@@ -17,9 +17,11 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/internal/repo"
 )
 
@@ -198,4 +200,15 @@ func MainWithBinaries(m interface{ Run() int }, opts controlplane.Options, env *
 	}
 	defer os.RemoveAll(*bin)
 	return Main(m, opts, env, func(*Env) error { return BuildBinaries(*bin, names...) })
+}
+
+// AsTally returns a client that acts as tally's aggregator (its service
+// account's username, with every permission). The webhook is not called
+// for its requests, as for the aggregator's own, so a test can create pods
+// as tally would have left them, the tracking finalizer included, which
+// the webhook removes from any other client's pod at CREATE.
+func (e *Env) AsTally() (client.Client, error) {
+	cfg := rest.CopyConfig(e.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: helm.AggregatorUser, Groups: []string{"system:masters", "system:authenticated"}}
+	return client.New(cfg, client.Options{Scheme: e.Client.Scheme()})
 }

@@ -221,6 +221,8 @@ func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig
 	many, err := env.Namespace(ctx, "uninstall-many")
 	require.NoError(t, err)
 	created := time.Now()
+	asTally, err := env.AsTally()
+	require.NoError(t, err)
 	var creates errgroup.Group
 	creates.SetLimit(32)
 	for i := range trackedPods() {
@@ -228,7 +230,7 @@ func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig
 		if i < 3 {
 			namespace, name = held, fmt.Sprintf("held-%d", i)
 		}
-		creates.Go(func() error { return env.Client.Create(ctx, heldPod(namespace, name)) })
+		creates.Go(func() error { return asTally.Create(ctx, heldPod(namespace, name)) })
 	}
 	require.NoError(t, creates.Wait())
 	t.Logf("%d pods carrying %s created in %s", trackedPods(), keys.TrackingFinalizer, time.Since(created).Round(time.Second))
@@ -321,7 +323,8 @@ func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig
 	}
 }
 
-// heldPod is a pod carrying the tracking finalizer.
+// heldPod is a pod carrying the tracking finalizer, to be created as tally
+// (framework.Env.AsTally): the webhook removes it from any other client's.
 func heldPod(namespace, name string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Finalizers: []string{keys.TrackingFinalizer}},

@@ -322,7 +322,9 @@ func TestExplainAndDoctor(t *testing.T) {
 			// Carrying the finalizer without tally's labels, it is no pod
 			// the aggregator watches: nothing releases it.
 			pod := builder.Pod(pool, "stuck").Finalizer(keys.TrackingFinalizer).Build()
-			require.NoError(t, env.Client.Create(ctx, pod))
+			asTally, err := env.AsTally()
+			require.NoError(t, err)
+			require.NoError(t, asTally.Create(ctx, pod), "only tally creates a pod with the finalizer")
 			pod.Status = corev1.PodStatus{Phase: corev1.PodSucceeded, ContainerStatuses: []corev1.ContainerStatus{{
 				Name: "worker", Image: pod.Spec.Containers[0].Image,
 				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
@@ -397,6 +399,8 @@ func TestExplainAndDoctor(t *testing.T) {
 func TestFinalizersRemove(t *testing.T) {
 	ctx := context.Background()
 	in := &install{kubeconfig: adminKubeconfig(t)}
+	asTally, err := env.AsTally()
+	require.NoError(t, err)
 	var namespaces []string
 	for range 2 {
 		ns, err := env.Namespace(ctx, "released")
@@ -405,7 +409,7 @@ func TestFinalizersRemove(t *testing.T) {
 		for i, finalizers := range [][]string{{keys.TrackingFinalizer}, {"example.com/keep", keys.TrackingFinalizer}, {"example.com/keep"}, nil} {
 			pod := builder.Pod(ns, fmt.Sprintf("p%d", i)).Build()
 			pod.Finalizers = finalizers
-			require.NoError(t, env.Client.Create(ctx, pod))
+			require.NoError(t, asTally.Create(ctx, pod))
 		}
 	}
 	finalizersOf := func(ns string) map[string][]string {
@@ -459,9 +463,11 @@ func TestFinalizersRemoveKilledAndRunAgain(t *testing.T) {
 	ctx := context.Background()
 	ns, err := env.Namespace(ctx, "killed")
 	require.NoError(t, err)
+	asTally, err := env.AsTally()
+	require.NoError(t, err)
 	const n = 300
 	for i := range n {
-		require.NoError(t, env.Client.Create(ctx, builder.Pod(ns, fmt.Sprintf("p%03d", i)).Finalizer(keys.TrackingFinalizer).Build()))
+		require.NoError(t, asTally.Create(ctx, builder.Pod(ns, fmt.Sprintf("p%03d", i)).Finalizer(keys.TrackingFinalizer).Build()))
 	}
 	carrying := func() int {
 		var pods corev1.PodList
