@@ -181,16 +181,8 @@ func (m *meter) time(dec *jsontext.Decoder, t *metav1.Time) error {
 // a valid value that long, so the decision is the same, and a review from
 // the API server never passes the allowance here, whatever its pod carries.
 func (m *meter) tallyKeys(dec *jsontext.Decoder, out *map[string]string) error {
-	switch dec.PeekKind() {
-	case 'n':
-		_, err := dec.ReadToken()
+	if null, err := open(dec, '{'); err != nil || null {
 		*out = nil
-		return err
-	case '{':
-	default:
-		return errors.ErrUnsupported
-	}
-	if _, err := dec.ReadToken(); err != nil {
 		return err
 	}
 	kept := map[string]string{}
@@ -233,6 +225,21 @@ func (m *meter) tallyKeys(dec *jsontext.Decoder, out *map[string]string) error {
 	return nil
 }
 
+// open reads the start of the object or array (kind '{' or '[') that
+// comes next, or the null that stands for none (null). Anything else is
+// errors.ErrUnsupported, read not at all: the default decoding reports it.
+func open(dec *jsontext.Decoder, kind jsontext.Kind) (null bool, err error) {
+	switch dec.PeekKind() {
+	case 'n':
+		_, err := dec.ReadToken()
+		return true, err
+	case kind:
+		_, err := dec.ReadToken()
+		return false, err
+	}
+	return false, errors.ErrUnsupported
+}
+
 // tallyKeyNames are the keys tally defines, by their JSON form.
 var tallyKeyNames = func() map[string]string {
 	names := map[string]string{}
@@ -263,16 +270,8 @@ const trackingName = `"` + keys.TrackingFinalizer + `"`
 // controller decodes ownerReferences, keeping only the first controller
 // reference: the only one the decision reads (identity.Controller).
 func (m *meter) controller(dec *jsontext.Decoder, out *[]metav1.OwnerReference) error {
-	switch dec.PeekKind() {
-	case 'n':
-		_, err := dec.ReadToken()
+	if null, err := open(dec, '['); err != nil || null {
 		*out = nil
-		return err
-	case '[':
-	default:
-		return errors.ErrUnsupported
-	}
-	if _, err := dec.ReadToken(); err != nil {
 		return err
 	}
 	var kept []metav1.OwnerReference
@@ -317,16 +316,8 @@ func (m *meter) controller(dec *jsontext.Decoder, out *[]metav1.OwnerReference) 
 // tally.dev/tracking stands among them, so the others are kept as "",
 // each charged for its place in the list.
 func (m *meter) names(dec *jsontext.Decoder, out *[]string) error {
-	switch dec.PeekKind() {
-	case 'n':
-		_, err := dec.ReadToken()
+	if null, err := open(dec, '['); err != nil || null {
 		*out = nil
-		return err
-	case '[':
-	default:
-		return errors.ErrUnsupported
-	}
-	if _, err := dec.ReadToken(); err != nil {
 		return err
 	}
 	kept := []string{}
