@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -109,11 +110,25 @@ func (r *Reconciler) trackAll(ctx context.Context, pods []*Pod) error {
 	})
 }
 
+// forEach calls f for each of pods, patchConcurrency at a time, and
+// returns every error: one pod's failure does not stop the others.
 func forEach(ctx context.Context, pods []*Pod, f func(context.Context, *Pod) error) error {
-	g, ctx := errgroup.WithContext(ctx)
+	var (
+		g    errgroup.Group
+		mu   sync.Mutex
+		errs []error
+	)
 	g.SetLimit(patchConcurrency)
 	for _, p := range pods {
-		g.Go(func() error { return f(ctx, p) })
+		g.Go(func() error {
+			if err := f(ctx, p); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+			return nil
+		})
 	}
-	return g.Wait()
+	_ = g.Wait()
+	return errors.Join(errs...)
 }

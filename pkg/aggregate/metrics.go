@@ -58,7 +58,7 @@ var (
 	}, []string{"result"})
 	trackingFinalizers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_tracking_finalizers_total",
-		Help: "Changes to pods' tally.dev/tracking finalizer, by parent kind and action (added: a pod the webhook did not give it; released: a finished pod, once recorded; orphaned: a pod whose parent is gone, whose kind keeps no totals, or whose namespace the webhook registration does not select; unservable: a pod of a kind whose totals the API server does not serve, released uncounted; lost: a finished pod not recorded within --tracking-grace; restored: a running pod whose finalizer another client removed).",
+		Help: "Changes to pods' tally.dev/tracking finalizer, by parent kind and action (added: a running pod without it, which the webhook did not give it or whose finalizer another client removed; released: a finished pod, once recorded; orphaned: a pod whose parent is gone, whose kind keeps no totals, or whose namespace the webhook registration does not select; unservable: a pod of a kind whose totals the API server does not serve, released uncounted; lost: a finished pod not recorded within --tracking-grace).",
 	}, []string{"kind", "action"})
 	trackingLost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_tracking_lost_pods_total",
@@ -150,7 +150,7 @@ func init() {
 
 // trackingActions are the values of tally_aggregator_tracking_finalizers_total's
 // action label.
-var trackingActions = []string{"added", "released", "orphaned", "unservable", "lost", "restored"}
+var trackingActions = []string{"added", "released", "orphaned", "unservable", "lost"}
 
 // initTrackingMetrics creates the tracking series of a kind with totals at
 // zero, so that alerts and dashboards see them before their first event.

@@ -34,11 +34,11 @@ func indexTrackingOwner(obj any) ([]string, error) {
 // once; the parent is requeued for the others.
 func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedName, current types.UID) (reconcile.Result, error) {
 	orphans, err := r.orphans(ctx, name, current)
-	if err != nil || len(orphans) == 0 || !r.mayWrite() {
+	if err != nil || len(orphans) == 0 {
 		return reconcile.Result{}, err
 	}
 	result, err := r.releaseBatch(ctx, orphans, parentGone, nil)
-	if current != "" {
+	if current != "" && result.RequeueAfter == 0 {
 		// The parent's own step comes at its next reconcile, so that one
 		// reconcile sends at most PodBatch pod patches.
 		result.RequeueAfter = foldRequeue
@@ -61,10 +61,17 @@ const (
 )
 
 // releaseBatch releases at most PodBatch of pods, none of them recorded, and
-// asks for the parent to be reconciled again when some are left. Each
-// release is reported by a Warning Event for why: on parent naming the
-// pods, or on each pod when its parent is gone.
+// asks for the parent to be reconciled again when some are left, or while
+// this replica may not write. Each release is reported by a Warning Event
+// for why: on parent naming the pods, or on each pod when its parent is
+// gone.
 func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, why releaseReason, parent client.Object) (reconcile.Result, error) {
+	if !r.mayWrite() {
+		// Fenced, or not yet the leader: the release is not dropped (the
+		// pods may get no other event), it waits for this replica to write.
+		r.fenced.Inc()
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	}
 	var result reconcile.Result
 	if len(pods) > PodBatch {
 		pods, result = pods[:PodBatch], reconcile.Result{RequeueAfter: foldRequeue}
@@ -104,15 +111,31 @@ func reportOptedOut(recorder events.EventRecorder, parent runtime.Object, kind s
 		kind, len(names), listed(names))
 }
 
-// listed joins names, at most 20 of them, saying how many more there are.
+// listed joins names, at most 20 of them and listedBytes in all, saying how
+// many more there are: the API server refuses an Event whose note is over
+// 1 KiB, and pod names are up to 253 bytes long.
 func listed(names []string) string {
-	shown := names[:min(len(names), 20)]
-	more := ""
-	if len(names) > len(shown) {
-		more = fmt.Sprintf(" and %d more", len(names)-len(shown))
+	var b strings.Builder
+	shown := 0
+	for _, name := range names {
+		if shown == 20 || (shown > 0 && b.Len()+len(", ")+len(name) > listedBytes) {
+			break
+		}
+		if shown > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(name)
+		shown++
 	}
-	return strings.Join(shown, ", ") + more
+	if more := len(names) - shown; more > 0 {
+		fmt.Fprintf(&b, " and %d more", more)
+	}
+	return b.String()
 }
+
+// listedBytes bounds the names listed in one Event, which leaves room for
+// its message within the 1 KiB the API server takes.
+const listedBytes = 512
 
 // orphans returns the cached pods carrying the finalizer whose controller
 // is a parent of this kind named name that does not exist with their

@@ -79,6 +79,9 @@ type Deps struct {
 	// replica may write: Unrecorded runs the grace of its pods only from
 	// then.
 	reconciled *reconciledParents
+	// recording, when set, keeps Unrecorded from releasing a parent's
+	// pods as lost while this reconciler records them.
+	recording *recordLocks
 }
 
 var _ reconcile.Reconciler = (*Reconciler)(nil)

@@ -152,10 +152,12 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	unrecorded := NewUnrecorded(parents, gate, indexed.GetIndexer(), parentCache, mgr.GetClient(),
 		recorder, opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))
 	unrecorded.live = mgr.GetAPIReader()
+	recording := &recordLocks{}
+	unrecorded.recording, unrecorded.scope = recording, scope
 	if err := mgr.Add(unrecorded); err != nil {
 		return err
 	}
-	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, observed: obs, scope: scope, parents: parentCache, opts: opts}
+	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, recording: recording, observed: obs, scope: scope, parents: parentCache, opts: opts}
 	backfill.Unstamped.Notify(k.notify)
 	var pending []config.Parent
 	for _, p := range parents {
@@ -196,11 +198,13 @@ type kinds struct {
 	backfill *Backfill
 	// reconciled records the parents reconciled as leader, for Unrecorded.
 	reconciled *reconciledParents
-	observed   *observed
-	recorder   events.EventRecorder
-	scope      *Scope
-	parents    *parentCaches
-	opts       Options
+	// recording is shared by the reconcilers and Unrecorded.
+	recording *recordLocks
+	observed  *observed
+	recorder  events.EventRecorder
+	scope     *Scope
+	parents   *parentCaches
+	opts      Options
 	// served holds the reconciler of each kind served, by GroupKind.
 	served sync.Map
 }
@@ -229,7 +233,7 @@ func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 	r := NewReconciler(p, Deps{
 		Parents: k.parents, Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
 		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite,
-		Recorder: k.recorder, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, observed: k.observed,
+		Recorder: k.recorder, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, recording: k.recording, observed: k.observed,
 	})
 	b := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).

@@ -2,6 +2,7 @@ package aggregate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -16,23 +17,38 @@ import (
 )
 
 // applyCounts writes the counts when they differ from what the parent
-// shows, then removes the finalizer of the pods in orphaned, for why.
+// shows, then removes the finalizer of the pods in orphaned, for why,
+// whatever became of the counts: a release never waits on them.
 func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, orphaned []*Pod, why releaseReason) (reconcile.Result, error) {
+	result, err := r.writeCounts(ctx, parent, counts)
+	if len(orphaned) == 0 {
+		return result, err
+	}
+	released, releaseErr := r.releaseBatch(ctx, orphaned, why, parent)
+	return earliest(result, released), errors.Join(err, releaseErr)
+}
+
+// writeCounts applies the counts when they differ from what the parent
+// shows.
+func (r *Reconciler) writeCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts) (reconcile.Result, error) {
 	if !r.differs(parent, counts) {
 		r.skipped.Inc()
-	} else {
-		values := make(map[string]any, len(r.counts))
-		for _, f := range r.counts {
-			values[strings.Join(f.Path, ".")] = counts.Get(f.Count)
-		}
-		if result, err := r.apply(ctx, parent, values, FieldManager); err != nil || result.RequeueAfter > 0 {
-			return result, err
-		}
+		return reconcile.Result{}, nil
 	}
-	if len(orphaned) > 0 && r.mayWrite() {
-		return r.releaseBatch(ctx, orphaned, why, parent)
+	values := make(map[string]any, len(r.counts))
+	for _, f := range r.counts {
+		values[strings.Join(f.Path, ".")] = counts.Get(f.Count)
 	}
-	return reconcile.Result{}, nil
+	return r.apply(ctx, parent, values, FieldManager)
+}
+
+// earliest returns the result that brings the parent back sooner: a requeue
+// of either, at the earlier of the two times.
+func earliest(a, b reconcile.Result) reconcile.Result {
+	if a.RequeueAfter == 0 || (b.RequeueAfter > 0 && b.RequeueAfter < a.RequeueAfter) {
+		return b
+	}
+	return a
 }
 
 // applyTotals writes, under TotalsFieldManager, the totals and the ledger
@@ -116,9 +132,9 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 	case err == nil:
 		r.applied.Inc()
 		parent.SetResourceVersion(obj.GetResourceVersion())
-		// The schema declares every mapped field, and the status is served
-		// (again).
-		kindProblems.DeleteLabelValues(r.kind, "field-not-in-schema")
+		// The schema declares every field this manager writes, and the
+		// status is served (again).
+		kindProblems.DeleteLabelValues(r.kind, schemaProblem(manager))
 		kindProblems.DeleteLabelValues(r.kind, "status-not-found")
 		if log := log.FromContext(ctx).V(1); log.Enabled() {
 			log.Info("Applied status", "manager", manager, "values", values)

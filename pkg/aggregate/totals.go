@@ -2,12 +2,14 @@ package aggregate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"tally.dev/tally/pkg/servable"
@@ -34,9 +36,30 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 			return result, err
 		}
 	}
-	if result, err := r.applyCounts(ctx, parent, counts, nil, kindOptedOut); err != nil || result.RequeueAfter > 0 {
-		return result, err
+	// Totals never depend on counts: a counts apply the API server refuses
+	// (a field its schema does not declare, a value it does not validate)
+	// is reported and retried, and the ledger step is taken all the same. A
+	// requeue (a conflict, this replica fenced) is another matter: the
+	// totals' apply holds the same precondition and would meet the same.
+	countsResult, countsErr := r.writeCounts(ctx, parent, counts)
+	if countsErr == nil && countsResult.RequeueAfter > 0 {
+		return countsResult, nil
 	}
+	result, err := r.stepTotals(ctx, parent, pods, book, own)
+	switch {
+	case countsErr == nil:
+		return result, err
+	case err == nil && result.RequeueAfter > 0:
+		// The step comes back soon: the counts are tried again then.
+		log.FromContext(ctx).Error(countsErr, "Applying the counts failed; the ledger step was taken all the same, the counts are tried again")
+		return result, nil
+	}
+	return result, errors.Join(countsErr, err)
+}
+
+// stepTotals takes a step of the ledger protocol once the kind's totals are
+// served: the ledger and totals in one apply, then the pods' finalizers.
+func (r *Reconciler) stepTotals(ctx context.Context, parent *unstructured.Unstructured, pods []*Pod, book Book, own ownership) (reconcile.Result, error) {
 	if !r.totalsServed(ctx) {
 		// The totals stay as they are; Unrecorded releases the pods. Served
 		// again later (a CRD fixed, a schema published): track the running
@@ -54,21 +77,34 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 		r.reportLedger(parent, err)
 		return reconcile.Result{}, fmt.Errorf("reading an earlier ledger of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
 	}
-	step, released, err := r.decide(ctx, parent, pods, book)
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-	if wait := foldWait(&book, &step, released, time.Now()); wait > 0 {
-		return reconcile.Result{RequeueAfter: wait}, nil
-	}
-	if len(old) > 0 || !step.Book.Equal(&book) {
-		if result, err := r.applyTotals(ctx, parent, own, &step.Book); err != nil || result.RequeueAfter > 0 {
-			// The ledger holding the pods to release is not written.
-			return result, err
-		}
+	step, result, err := r.record(ctx, parent, pods, book, own, len(old) > 0)
+	if err != nil || result.RequeueAfter > 0 {
+		// The ledger holding the pods to release is not written.
+		return result, err
 	}
 	r.releases.settle(parent.GetUID(), pods, &book, &step.Book)
 	return r.writeFinalizers(ctx, parent, &step)
+}
+
+// record decides the step and writes the ledger and totals it holds (also
+// when merged, an earlier ledger to remove). From the pods' confirmation
+// to the apply, Unrecorded releases none of the parent's pods as lost (see
+// recordLocks): a pod is never both recorded and counted as lost.
+func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructured, pods []*Pod, book Book, own ownership, merged bool) (Step, reconcile.Result, error) {
+	defer r.recording.lock(parentKey{kind: r.gvk.GroupKind(), name: client.ObjectKeyFromObject(parent)})()
+	step, released, err := r.decide(ctx, parent, pods, book)
+	if err != nil {
+		return Step{}, reconcile.Result{}, err
+	}
+	if wait := foldWait(&book, &step, released, time.Now()); wait > 0 {
+		return Step{}, reconcile.Result{RequeueAfter: wait}, nil
+	}
+	if merged || !step.Book.Equal(&book) {
+		if result, err := r.applyTotals(ctx, parent, own, &step.Book); err != nil || result.RequeueAfter > 0 {
+			return Step{}, result, err
+		}
+	}
+	return step, reconcile.Result{}, nil
 }
 
 // decide takes the ledger protocol's step from the cache, confirming with
@@ -98,10 +134,11 @@ func (r *Reconciler) writeFinalizers(ctx context.Context, parent client.Object, 
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
 	track, release := batch(step.Track, step.Release)
-	if err := r.trackAll(ctx, track); err != nil {
-		return reconcile.Result{}, err
-	}
-	if err := r.releaseAll(ctx, parent.GetUID(), release, "released"); err != nil {
+	// The releases first, and each pod on its own: a pod recorded in the
+	// ledger just written never waits on a finalizer that could not be
+	// added to another.
+	releaseErr := r.releaseAll(ctx, parent.GetUID(), release, "released")
+	if err := errors.Join(releaseErr, r.trackAll(ctx, track)); err != nil {
 		return reconcile.Result{}, err
 	}
 	if len(release) > 0 || len(track) < len(step.Track) || !step.Settled() {

@@ -2,13 +2,15 @@ package aggregate
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -60,16 +62,25 @@ const parentReadWait = 2 * time.Second
 //     for them (servable.Gate: a kind not served, without a status
 //     subresource, or whose schema lacks the ledger or a total), at once
 //     and uncounted;
-//   - a finished pod of a served kind that is still held once the tracking
-//     grace has run out for it, counted as lost unless its parent's ledger
-//     holds it (then the fold counts it).
+//   - a finished pod that is still held once the tracking grace has run
+//     out for it, counted as lost unless its parent's ledger holds it (then
+//     the fold counts it). This covers the pods the reconcilers release
+//     uncounted (a parent gone, a kind that keeps no totals any more, a
+//     namespace out of scope) whatever became of their reconciles.
 //
 // The grace counts only time during which this process could record the
 // pod: from when it first saw the pod finished, once the pod's parent has
 // been reconciled while this replica may write (so after the start-up
 // sweep's read), and not while this replica is fenced or the gate cannot
-// tell whether the kind is servable. An aggregator that was away, however
-// long, gives every pod the whole grace when it comes back.
+// tell whether the kind is servable. A pod whose finish no reconcile would
+// record — its parent gone (as the cache shows it), its kind keeping no
+// totals, its namespace out of scope — uses its grace without waiting for
+// a reconcile. An aggregator that was away, however long, gives every pod
+// the whole grace when it comes back.
+//
+// The release of a parent's pods as lost and the recording of its pods in
+// its ledger exclude each other (recordLocks): a pod is counted in a total
+// or as lost, never both.
 //
 // Each release is logged with the pods' names, counted in a metric, and
 // reported by a Warning Event on the parent when it exists. It runs on the
@@ -86,8 +97,12 @@ type Unrecorded struct {
 	grace      time.Duration
 	mayWrite   func() bool
 	reconciled *reconciledParents
-	log        logr.Logger
-	now        func() time.Time
+	// recording is shared with the reconcilers; scope tells the namespaces
+	// where pods are tracked (nil: every one).
+	recording *recordLocks
+	scope     *Scope
+	log       logr.Logger
+	now       func() time.Time
 
 	mu sync.Mutex
 	// held is what is known of each held pod, by kind; lastPass is when
@@ -120,18 +135,12 @@ func (r *reconciledParents) has(k parentKey) bool {
 	return ok
 }
 
-// NewUnrecorded returns the releaser of the pods of kinds (those with totals)
-// whose finish cannot be recorded. pods is the pod informer's indexer (with
-// Indexers); parents reads parents from the cache.
+// NewUnrecorded returns the releaser of the pods of kinds whose finish
+// cannot be recorded. pods is the pod informer's indexer (with Indexers);
+// parents reads parents from the cache.
 func NewUnrecorded(kinds []config.Parent, gate *servable.Gate, pods toolscache.Indexer, parents client.Reader, writer client.Writer,
 	recorder events.EventRecorder, grace time.Duration, mayWrite func() bool, reconciled *reconciledParents, log logr.Logger) *Unrecorded {
-	var tracked []config.Parent
-	for _, p := range kinds {
-		if p.Tracked() {
-			tracked = append(tracked, p)
-		}
-	}
-	return &Unrecorded{kinds: tracked, gate: gate, pods: pods, parents: parents, writer: writer, recorder: recorder,
+	return &Unrecorded{kinds: kinds, gate: gate, pods: pods, parents: parents, writer: writer, recorder: recorder,
 		grace: grace, mayWrite: mayWrite, reconciled: reconciled, log: log, now: time.Now,
 		held: map[schema.GroupKind]map[types.UID]heldPod{}, lastPass: map[schema.GroupKind]time.Time{}}
 }
@@ -162,11 +171,16 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 		return err
 	}
 	now := u.now()
-	problem := u.gate.Problem(kind)
+	var problem *servable.Problem
+	if p.Tracked() {
+		problem = u.gate.Problem(kind)
+	}
 	writes := u.mayWrite == nil || u.mayWrite()
-	runs := func(pod *Pod) bool {
-		return writes && (problem == nil || !problem.Unknown) &&
-			u.reconciled.has(parentKey{kind: kind, name: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}})
+	var runs func(*Pod) bool
+	if writes && (problem == nil || !problem.Unknown) {
+		runs = u.graceRuns(ctx, p, held)
+	} else {
+		runs = func(*Pod) bool { return false }
 	}
 	u.mu.Lock()
 	var elapsed time.Duration
@@ -198,8 +212,54 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	if len(expired) == 0 {
 		return nil
 	}
+	if !p.Tracked() {
+		// No ledger holds the pods of a kind that keeps no totals (any
+		// more): none is folded.
+		p.Ledger = ""
+	}
 	return u.releaseAll(ctx, p, expired, "lost",
 		fmt.Sprintf("tally could not record these pods within the tracking grace (%s): released; they are not counted in the totals", u.grace))
+}
+
+// graceRuns returns whether the grace of each of held, pods of kind p,
+// runs in this pass (this replica writing, the gate able to tell): once
+// its parent was reconciled while this replica may write, or at once when
+// no reconcile would record it.
+func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*Pod) func(*Pod) bool {
+	runs := map[types.NamespacedName]bool{}
+	// One budget for the pass's cache reads: a kind whose informer has not
+	// synced is read no longer than that, and its pods' grace waits.
+	readCtx, cancel := context.WithTimeout(ctx, parentReadWait)
+	defer cancel()
+	for _, pod := range held {
+		key := types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}
+		if _, ok := runs[key]; ok {
+			continue
+		}
+		runs[key] = !p.Tracked() || u.reconciled.has(parentKey{kind: p.GroupKind(), name: key}) ||
+			!u.scope.Selects(ctx, pod.Namespace) || u.parentGone(readCtx, p, key, pod.Controller.UID)
+	}
+	return func(pod *Pod) bool {
+		return runs[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}]
+	}
+}
+
+// parentGone reports whether the cache shows that the parent of kind p
+// named key with UID uid does not exist (none, or another under its name).
+func (u *Unrecorded) parentGone(ctx context.Context, p config.Parent, key types.NamespacedName, uid types.UID) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	// Unstructured, as the reconcilers read it: the informer they share.
+	parent := &unstructured.Unstructured{}
+	parent.SetGroupVersionKind(p.GroupVersionKind())
+	switch err := u.parents.Get(ctx, key, parent); {
+	case apierrors.IsNotFound(err):
+		return true
+	case err != nil:
+		return false
+	}
+	return parent.GetUID() != uid
 }
 
 // reportHeld sets the held-pod gauges of kind from held.
@@ -245,64 +305,118 @@ func (u *Unrecorded) byIndex(index string, kind schema.GroupKind) ([]*Pod, error
 }
 
 // releaseAll removes the finalizer of pods, grouped by parent, and reports
-// each group.
+// each group. A group fails alone: the others are released all the same.
 func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Pod, action, message string) error {
-	kind := p.GroupKind().String()
 	byParent := map[types.NamespacedName][]*Pod{}
 	for _, pod := range pods {
 		key := types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}
 		byParent[key] = append(byParent[key], pod)
 	}
-	counter := trackingFinalizers.WithLabelValues(kind, action)
 	// The cache blocks a read of a kind whose informer has not synced (its
-	// list or watch forbidden, its resource changed): bounded, so that one
-	// such kind cannot stall the releases of every kind. A parent not read
-	// gets no Event; its pods are released all the same.
-	readCtx, cancel := context.WithTimeout(ctx, parentReadWait)
-	defer cancel()
+	// list or watch forbidden, its resource changed): each read is
+	// bounded, and once one timed out the kind's other parents are not
+	// read from the cache in this pass, so that such a kind cannot stall
+	// the releases of every kind. A parent not read gets no Event; its pods
+	// are released all the same.
+	stalled := false
+	var errs []error
 	for key, group := range byParent {
-		parent := &unstructured.Unstructured{}
-		parent.SetGroupVersionKind(p.GroupVersionKind())
-		reader := u.parents
-		if action == "lost" && u.live != nil {
-			// Whether a pod is lost is told by the ledger as it is now: a
-			// pod recorded a moment ago may not be in the cached one yet.
-			reader = u.live
+		if action == "lost" {
+			errs = append(errs, u.releaseLost(ctx, p, key, group, message))
+			continue
 		}
-		exists := reader.Get(readCtx, key, parent) == nil
-		var ledger Book
-		if exists && action == "lost" {
-			ledger, _ = ReadBook(parent.Object, p.LedgerPath(), nil)
+		parent, exists := (*unstructured.Unstructured)(nil), false
+		if !stalled {
+			parent, exists, stalled = u.readParent(ctx, u.parents, p, key, group[0].Controller.UID)
 		}
-		var released, lost []string
-		var err error
-		for _, pod := range group {
-			if err = patchRelease(ctx, u.writer, pod); err != nil {
-				break
-			}
-			counter.Inc()
-			released = append(released, pod.Name)
-			if action == "lost" && !ledger.Has(pod.UID) {
-				trackingLost.WithLabelValues(kind).Inc()
-				lost = append(lost, pod.Name)
-			}
-		}
-		if len(released) > 0 {
-			u.log.Info("Released pods held by the tracking finalizer", "kind", kind, "parent", key, "reason", action, "pods", released, "lost", lost)
-			if exists && (action != "lost" || len(lost) > 0) {
-				names := released
-				if action == "lost" {
-					names = lost
-				}
-				u.recorder.Eventf(parent, nil, corev1.EventTypeWarning, eventReason[action], "ReleaseTracking",
-					"%s: %s", message, strings.Join(names, ", "))
-			}
-		}
-		if err != nil {
-			return err
+		released, err := u.releaseGroup(ctx, p, group, action)
+		u.report(p, key, parent, exists, action, message, released, released)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// releaseLost releases a parent's pods whose grace ran out, counting as
+// lost those its ledger does not hold, as the API server shows it now (a
+// pod recorded a moment ago may not be in the cached one yet). The ledger
+// is read and the pods released under the parent's record lock. A ledger
+// that cannot be read leaves the pods held until the next pass: whether
+// they are lost cannot be told.
+func (u *Unrecorded) releaseLost(ctx context.Context, p config.Parent, key types.NamespacedName, group []*Pod, message string) error {
+	defer u.recording.lock(parentKey{kind: p.GroupKind(), name: key})()
+	reader := u.parents
+	if u.live != nil {
+		reader = u.live
+	}
+	parent, exists, _ := u.readParent(ctx, reader, p, key, group[0].Controller.UID)
+	if parent == nil {
+		return fmt.Errorf("reading %s %s, whose pods' tracking grace ran out, to tell whether its ledger holds them: not read within %s", p.GroupKind(), key, parentReadWait)
+	}
+	var ledger Book
+	if exists {
+		ledger, _ = ReadBook(parent.Object, p.LedgerPath(), nil)
+	}
+	released, err := u.releaseGroup(ctx, p, group, "lost")
+	var lost []string
+	for _, pod := range group {
+		if slices.Contains(released, pod.Name) && !ledger.Has(pod.UID) {
+			trackingLost.WithLabelValues(p.GroupKind().String()).Inc()
+			lost = append(lost, pod.Name)
 		}
 	}
-	return nil
+	u.report(p, key, parent, exists, "lost", message, released, lost)
+	return err
+}
+
+// readParent reads the parent of kind p named key, within parentReadWait,
+// and reports whether it exists with UID uid. parent is nil when the read
+// failed; timedOut reports a read that ran out of time.
+func (u *Unrecorded) readParent(ctx context.Context, reader client.Reader, p config.Parent, key types.NamespacedName, uid types.UID) (parent *unstructured.Unstructured, exists, timedOut bool) {
+	readCtx, cancel := context.WithTimeout(ctx, parentReadWait)
+	defer cancel()
+	parent = &unstructured.Unstructured{}
+	parent.SetGroupVersionKind(p.GroupVersionKind())
+	switch err := reader.Get(readCtx, key, parent); {
+	case apierrors.IsNotFound(err):
+		return parent, false, false
+	case err != nil:
+		return nil, false, readCtx.Err() != nil
+	}
+	// Another parent under the name is not the pods' parent.
+	return parent, parent.GetUID() == uid, false
+}
+
+// releaseGroup removes the finalizer of pods, counting each under action,
+// and returns the names of those released.
+func (u *Unrecorded) releaseGroup(ctx context.Context, p config.Parent, pods []*Pod, action string) ([]string, error) {
+	counter := trackingFinalizers.WithLabelValues(p.GroupKind().String(), action)
+	var released []string
+	for _, pod := range pods {
+		if err := patchRelease(ctx, u.writer, pod); err != nil {
+			return released, err
+		}
+		counter.Inc()
+		released = append(released, pod.Name)
+	}
+	return released, nil
+}
+
+// report logs the release of a parent's pods and, when the parent exists,
+// sends the Warning Event that names them (for lost, those counted as lost;
+// none: no Event).
+func (u *Unrecorded) report(p config.Parent, key types.NamespacedName, parent *unstructured.Unstructured, exists bool, action, message string, released, named []string) {
+	if len(released) == 0 {
+		return
+	}
+	kv := []any{"kind", p.GroupKind().String(), "parent", key, "reason", action, "pods", released}
+	if action == "lost" {
+		kv = append(kv, "lost", named)
+	}
+	u.log.Info("Released pods held by the tracking finalizer", kv...)
+	if exists && len(named) > 0 {
+		u.recorder.Eventf(parent, nil, corev1.EventTypeWarning, eventReason[action], "ReleaseTracking",
+			"%s: %d pod(s): %s", message, len(named), listed(named))
+	}
 }
 
 // eventReason is the reason of the Warning Event each kind of release sends.

@@ -2,7 +2,11 @@ package aggregate
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,7 +15,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -146,22 +152,167 @@ func (w *patchRecorder) Patch(_ context.Context, obj client.Object, _ client.Pat
 }
 
 // TestReleaseDoesNotWaitForAnUnsyncedCache: the parents of a kind whose
-// informer never syncs are read within a bound, and their pods released
-// all the same, so that one kind cannot stall the releases of the others.
+// informer never syncs are read within a bound, once a pass, and their
+// pods released all the same, so that one kind cannot stall the releases
+// of the others.
 func TestReleaseDoesNotWaitForAnUnsyncedCache(t *testing.T) {
 	p := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "StuckPool",
 		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
 	w := &patchRecorder{}
 	u := NewUnrecorded([]config.Parent{p}, nil, nil, blockingReader{}, w, &events.FakeRecorder{}, time.Minute, nil, &reconciledParents{}, logr.Discard())
-	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "uid-1"}, Tracking: true, Phase: corev1.PodFailed,
-		Controller: Controller{Kind: p.GroupKind(), Name: "pool"}}
+	var pods []*Pod
+	for i, parent := range []string{"a", "b", "c"} {
+		pods = append(pods, &Pod{Meta: Meta{Namespace: "ns", Name: "held-" + parent, UID: types.UID(fmt.Sprint("uid-", i))}, Tracking: true, Phase: corev1.PodFailed,
+			Controller: Controller{Kind: p.GroupKind(), Name: parent}})
+	}
 	done := make(chan error, 1)
-	go func() { done <- u.releaseAll(context.Background(), p, []*Pod{pod}, "lost", "test") }()
+	go func() { done <- u.releaseAll(context.Background(), p, pods, "unservable", "test") }()
 	select {
 	case err := <-done:
 		require.NoError(t, err)
-	case <-time.After(3 * parentReadWait):
-		t.Fatal("a release pass waited on a cache that never syncs")
+	case <-time.After(2 * parentReadWait):
+		t.Fatal("a release pass waited on a cache that never syncs for each parent")
 	}
+	assert.ElementsMatch(t, []string{"held-a", "held-b", "held-c"}, w.patched)
+}
+
+// failingReader answers every read with err, and counts them.
+type failingReader struct {
+	client.Reader
+	err   error
+	reads atomic.Int32
+}
+
+func (r *failingReader) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
+	r.reads.Add(1)
+	return r.err
+}
+
+// TestLostNeedsTheLedger: a pod whose grace ran out is counted as lost only
+// when its parent's ledger, read from the API server, does not hold it. A
+// ledger that cannot be read leaves the pod held for the next pass instead
+// of counting it as lost (the fold may count it); a parent that is gone
+// holds no ledger.
+func TestLostNeedsTheLedger(t *testing.T) {
+	p := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "LedgerPool",
+		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
+	kind := p.GroupKind().String()
+	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "uid-held"}, Tracking: true, Phase: corev1.PodFailed,
+		Controller: Controller{Kind: p.GroupKind(), Name: "pool", UID: "pool-uid"}}
+	for _, tt := range []struct {
+		name               string
+		err                error
+		wantReleased, lost bool
+	}{
+		{name: "the API server cannot tell", err: errors.New("connection refused")},
+		{name: "the parent is gone", err: apierrors.NewNotFound(schema.GroupResource{Resource: "ledgerpools"}, "pool"), wantReleased: true, lost: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &patchRecorder{}
+			live := &failingReader{err: tt.err}
+			u := NewUnrecorded([]config.Parent{p}, nil, nil, blockingReader{}, w, &events.FakeRecorder{}, time.Minute, nil, &reconciledParents{}, logr.Discard())
+			u.live, u.recording = live, &recordLocks{}
+			before := testutil.ToFloat64(trackingLost.WithLabelValues(kind))
+			err := u.releaseAll(context.Background(), p, []*Pod{pod}, "lost", "test")
+			assert.Equal(t, !tt.wantReleased, err != nil, "error: %v", err)
+			assert.Equal(t, tt.wantReleased, len(w.patched) == 1, "released: %v", w.patched)
+			lost := testutil.ToFloat64(trackingLost.WithLabelValues(kind)) - before
+			assert.Equal(t, tt.lost, lost == 1, "counted as lost: %v", lost)
+			assert.EqualValues(t, 1, live.reads.Load())
+		})
+	}
+}
+
+// TestLostWaitsForARecord: while a reconciler holds a parent's record lock
+// (it confirmed a pod and is writing the ledger that records it),
+// Unrecorded neither reads that ledger nor releases the parent's pods; it
+// reads the ledger once the lock is released, and a pod recorded meanwhile
+// is not counted as lost.
+func TestLostWaitsForARecord(t *testing.T) {
+	p := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "RacePool",
+		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
+	kind := p.GroupKind().String()
+	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "uid-held"}, Tracking: true, Phase: corev1.PodFailed,
+		Controller: Controller{Kind: p.GroupKind(), Name: "pool", UID: "pool-uid"}}
+	ledger := &ledgerReader{uid: "pool-uid"}
+	w := &patchRecorder{}
+	locks := &recordLocks{}
+	u := NewUnrecorded([]config.Parent{p}, nil, nil, blockingReader{}, w, &events.FakeRecorder{}, time.Minute, nil, &reconciledParents{}, logr.Discard())
+	u.live, u.recording = ledger, locks
+	before := testutil.ToFloat64(trackingLost.WithLabelValues(kind))
+
+	unlock := locks.lock(parentKey{kind: p.GroupKind(), name: types.NamespacedName{Namespace: "ns", Name: "pool"}})
+	done := make(chan error, 1)
+	go func() { done <- u.releaseAll(context.Background(), p, []*Pod{pod}, "lost", "test") }()
+	time.Sleep(100 * time.Millisecond)
+	assert.Zero(t, ledger.reads.Load(), "the ledger read while a record was under way")
+	ledger.record(pod.UID)
+	unlock()
+	require.NoError(t, <-done)
 	assert.Equal(t, []string{"held"}, w.patched)
+	assert.Zero(t, testutil.ToFloat64(trackingLost.WithLabelValues(kind))-before, "a recorded pod counted as lost")
+	assert.Empty(t, locks.held, "a lock left behind")
+}
+
+// ledgerReader serves one parent whose ledger holds the UIDs recorded.
+type ledgerReader struct {
+	client.Reader
+	uid   types.UID
+	mu    sync.Mutex
+	uids  []any
+	reads atomic.Int32
+}
+
+func (r *ledgerReader) record(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.uids = append(r.uids, string(uid))
+}
+
+func (r *ledgerReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	r.reads.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	u := obj.(*unstructured.Unstructured)
+	u.SetName(key.Name)
+	u.SetNamespace(key.Namespace)
+	u.SetUID(r.uid)
+	u.Object["status"] = map[string]any{"ledger": map[string]any{"unexpected": append([]any(nil), r.uids...)}}
+	return nil
+}
+
+func TestListed(t *testing.T) {
+	name := func(i, n int) string { return fmt.Sprintf("%0*d", n, i) }
+	names := func(count, n int) []string {
+		out := make([]string, count)
+		for i := range out {
+			out[i] = name(i, n)
+		}
+		return out
+	}
+	tests := []struct {
+		name      string
+		names     []string
+		wantShown int
+	}{
+		{name: "none", names: nil, wantShown: 0},
+		{name: "a few", names: names(3, 5), wantShown: 3},
+		{name: "more than 20 short names", names: names(45, 5), wantShown: 20},
+		{name: "long names: bounded by bytes", names: names(10, 253), wantShown: 2},
+		{name: "one name longer than the bound is shown", names: names(2, 600), wantShown: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := listed(tt.names)
+			for i, n := range tt.names {
+				assert.Equal(t, i < tt.wantShown, strings.Contains(got, n), "name %d in %q", i, got)
+			}
+			if more := len(tt.names) - tt.wantShown; more > 0 {
+				assert.True(t, strings.HasSuffix(got, fmt.Sprintf(" and %d more", more)), got)
+			}
+			if tt.wantShown > 1 {
+				assert.LessOrEqual(t, len(got), listedBytes+len(" and 100 more"))
+			}
+		})
+	}
 }
