@@ -37,9 +37,12 @@ deleted. While tally runs, a pod released this way is not counted in its parent'
 
 With --stop-webhook and --stop-aggregator (the chart's pre-delete hook sets both), it first stops tally from adding
 the finalizer: it pauses the webhook's registration (a match condition that is always false, so the API server
-calls the webhook for no pod) and scales the aggregator to zero, waiting for its pods to go. If the run fails or
-is stopped (SIGTERM, SIGINT) before every pod is released, it undoes both before it exits: tally runs again as it
-did, the aggregator puts the finalizer back on the running pods released so far, and a later run starts over.`,
+calls the webhook for no pod) and scales the aggregator to zero, waiting for its pods to go. Then it releases in
+passes until a pass that starts --settle after the stop finds no pod to release: the pause takes effect on the API
+server a moment after it is written, a CREATE the webhook admitted before may still be on its way, and an
+aggregator still running after --stop-timeout may put the finalizer back. If the run fails or is stopped (SIGTERM,
+SIGINT) before every pod is released, it undoes both before it exits: tally runs again as it did, the aggregator
+puts the finalizer back on the running pods released so far, and a later run starts over.`,
 		Example: `  kubectl tally finalizers remove --all-namespaces --dry-run
   kubectl tally finalizers remove -n workers
   kubectl tally finalizers remove -A --stop-webhook tally --stop-aggregator tally-aggregator`,
@@ -48,13 +51,17 @@ did, the aggregator puts the finalizer back on the running pods released so far,
 			if parallel < 1 {
 				return fmt.Errorf("--parallel must be at least 1, not %d", parallel)
 			}
+			if stop.settle < 0 {
+				return fmt.Errorf("--settle must not be negative, not %s", stop.settle)
+			}
 			ctx := cmd.Context()
 			if dryRun {
-				return o.removeFinalizers(ctx, allNamespaces, true, false, parallel)
+				_, err := o.removeFinalizers(ctx, allNamespaces, true, false, parallel)
+				return err
 			}
 			resume, err := o.stopTracking(ctx, stop)
 			if err == nil {
-				err = o.removeFinalizers(ctx, allNamespaces, false, stop.aggregator != "", parallel)
+				err = o.releaseUntilQuiet(ctx, allNamespaces, stop, parallel)
 			}
 			if err != nil {
 				return o.resumeTracking(ctx, resume, err)
@@ -70,24 +77,54 @@ did, the aggregator puts the finalizer back on the running pods released so far,
 	remove.Flags().StringVar(&stop.webhook, "stop-webhook", "", "first pause this MutatingWebhookConfiguration (tally's), so that no new pod gets the finalizer")
 	remove.Flags().StringVar(&stop.aggregator, "stop-aggregator", "", "first scale this Deployment of --tally-namespace (tally's aggregator) to zero and wait for its pods to go")
 	remove.Flags().DurationVar(&stop.timeout, "stop-timeout", 2*time.Minute, "how long to wait for the aggregator's pods to go before removing the finalizers anyway")
+	remove.Flags().DurationVar(&stop.settle, "settle", 35*time.Second, "with --stop-webhook or --stop-aggregator: release again until a pass that starts this long after the stop finds nothing (at least the webhook's timeoutSeconds, at most 30 s, and a few seconds for the pause to take effect)")
 	cmd.AddCommand(remove)
 	return cmd
+}
+
+// releaseUntilQuiet releases the finalizers once without stop; after a
+// stop, in passes, until a pass that starts stop.settle after it releases
+// nothing: what was on its way when tally stopped (a CREATE the webhook
+// admitted, the pause not yet in effect, an aggregator that outlived
+// --stop-timeout) is released too, or the run goes on until its deadline.
+func (o *options) releaseUntilQuiet(ctx context.Context, allNamespaces bool, stop stopTracking, parallel int) error {
+	stopped := stop.webhook != "" || stop.aggregator != ""
+	quietFrom := time.Now().Add(stop.settle)
+	for pass := 1; ; pass++ {
+		began := time.Now()
+		released, err := o.removeFinalizers(ctx, allNamespaces, false, stopped, parallel)
+		if err != nil || !stopped || (released == 0 && !began.Before(quietFrom)) {
+			return err
+		}
+		wait := max(time.Until(quietFrom), 0)
+		if released > 0 && !began.Before(quietFrom) {
+			// Something still adds it: a whole settle before the next.
+			wait = stop.settle
+		}
+		fmt.Fprintf(o.streams.Out, "pass %d released %d pod(s); releasing again in %s, until a pass finds none\n", pass, released, wait.Round(time.Second))
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(wait):
+		}
+	}
 }
 
 // removeFinalizers removes the finalizer from every pod of the namespace
 // (every namespace with allNamespaces) that carries it, parallel patches at
 // a time, as it lists them. Each patch names the pod's UID: a pod created
 // since under the same name keeps its finalizer. A run stopped part-way
-// leaves the rest for the next, which lists what still carries it.
-func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, stopped bool, parallel int) error {
+// leaves the rest for the next, which lists what still carries it. It
+// returns how many pods it released.
+func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, stopped bool, parallel int) (int, error) {
 	cs, _, err := o.clients()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	ns := metav1.NamespaceAll
 	if !allNamespaces {
 		if ns, err = o.namespace(); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if !dryRun && !stopped && o.installed(ctx, cs) {
@@ -96,7 +133,7 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, s
 	}
 	md, err := o.metadataClient()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if dryRun {
 		found := 0
@@ -106,10 +143,10 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, s
 			return nil
 		})
 		if err != nil {
-			return err
+			return 0, err
 		}
 		fmt.Fprintf(o.streams.Out, "%d pod(s) carry %s (dry run: nothing changed)\n", found, keys.TrackingFinalizer)
-		return nil
+		return 0, nil
 	}
 
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -147,7 +184,7 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, s
 		err = cause
 	}
 	fmt.Fprintf(o.streams.Out, "%d pod(s) released\n", removed)
-	return err
+	return removed, err
 }
 
 // eachTracked calls fn for each pod of namespace ns (every namespace when

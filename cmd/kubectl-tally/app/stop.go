@@ -29,7 +29,9 @@ const resumeTimeout = 20 * time.Second
 // stopTracking names what adds the finalizer, to stop before removing it.
 type stopTracking struct {
 	webhook, aggregator string
-	timeout             time.Duration
+	// timeout bounds the wait for the aggregator's pods; settle is how long
+	// after the stop a pass must start to be the last.
+	timeout, settle time.Duration
 }
 
 // stopTracking pauses the webhook's registration and scales the aggregator
