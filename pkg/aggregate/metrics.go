@@ -38,7 +38,7 @@ var (
 	}, []string{"kind"})
 	kindProblems = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tally_aggregator_parent_kind_problems",
-		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, cluster-scoped, no-status-subresource, resource-mismatch, field-not-in-schema, status-not-found).",
+		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, cluster-scoped, no-status-subresource, resource-mismatch, field-not-in-schema: a mapped count, totals-not-in-schema: a mapped total or the ledger, status-not-found).",
 	}, []string{"kind", "problem"})
 	podsStamped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tally_aggregator_backfill_stamped_pods_total",

@@ -33,7 +33,16 @@ func indexTrackingOwner(obj any) ([]string, error) {
 // exists under that name, "" when none). At most PodBatch are released at
 // once; the parent is requeued for the others.
 func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedName, current types.UID) (reconcile.Result, error) {
-	orphans, err := r.orphans(ctx, name, current)
+	candidates, err := r.orphanCandidates(name, current)
+	if err != nil || len(candidates) == 0 {
+		return reconcile.Result{}, err
+	}
+	if !r.mayWrite() {
+		// Nothing asked of the API server while this replica cannot
+		// write: the parent comes back then.
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	}
+	orphans, err := r.orphans(ctx, name, candidates)
 	if err != nil || len(orphans) == 0 {
 		return reconcile.Result{}, err
 	}
@@ -69,7 +78,6 @@ func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, why releaseR
 	if !r.mayWrite() {
 		// Fenced, or not yet the leader: the release is not dropped (the
 		// pods may get no other event), it waits for this replica to write.
-		r.fenced.Inc()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
 	var result reconcile.Result
@@ -137,12 +145,10 @@ func listed(names []string) string {
 // its message within the 1 KiB the API server takes.
 const listedBytes = 512
 
-// orphans returns the cached pods carrying the finalizer whose controller
-// is a parent of this kind named name that does not exist with their
-// controller's UID (current is the UID the cache shows, "" when none). It
-// confirms with the API server before it answers: a parent the cache does
-// not show yet must not lose its pods' finalizers.
-func (r *Reconciler) orphans(ctx context.Context, name types.NamespacedName, current types.UID) ([]*Pod, error) {
+// orphanCandidates returns the cached pods carrying the finalizer whose
+// controller is a parent of this kind named name with another UID than
+// current, the one the cache shows ("" when none).
+func (r *Reconciler) orphanCandidates(name types.NamespacedName, current types.UID) ([]*Pod, error) {
 	objs, err := r.Pods.ByIndex(OwnerIndex, name.Namespace+"/"+name.Name)
 	if err != nil {
 		return nil, fmt.Errorf("listing the tracked pods of %s: %w", name, err)
@@ -153,9 +159,14 @@ func (r *Reconciler) orphans(ctx context.Context, name types.NamespacedName, cur
 			candidates = append(candidates, p)
 		}
 	}
-	if len(candidates) == 0 {
-		return nil, nil
-	}
+	return candidates, nil
+}
+
+// orphans returns those of candidates (orphanCandidates) whose parent does
+// not exist with their controller's UID. It confirms with the API server
+// before it answers: a parent the cache does not show yet must not lose
+// its pods' finalizers.
+func (r *Reconciler) orphans(ctx context.Context, name types.NamespacedName, candidates []*Pod) ([]*Pod, error) {
 	live := mutate.PartialMetadata(r.gvk)
 	switch err := r.Live.Get(ctx, name, live); {
 	case apierrors.IsNotFound(err):

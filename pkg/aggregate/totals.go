@@ -70,6 +70,8 @@ func (r *Reconciler) stepTotals(ctx context.Context, parent *unstructured.Unstru
 		}
 		return reconcile.Result{RequeueAfter: after}, nil
 	}
+	// Served: the schema declares the totals and the ledger (again).
+	kindProblems.DeleteLabelValues(r.kind, schemaProblem(TotalsFieldManager))
 	// A ledger renamed: its UIDs move into the one mapped now, and the old
 	// one goes in the same apply.
 	_, old := r.history(parent, own, true)

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/servable"
 )
 
@@ -176,12 +177,11 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 		problem = u.gate.Problem(kind)
 	}
 	writes := u.mayWrite == nil || u.mayWrite()
-	var runs func(*Pod) bool
+	parents := map[types.NamespacedName]graceOf{}
 	if writes && (problem == nil || !problem.Unknown) {
-		runs = u.graceRuns(ctx, p, held)
-	} else {
-		runs = func(*Pod) bool { return false }
+		parents = u.graceRuns(ctx, p, held)
 	}
+	runs := func(pod *Pod) bool { return parents[parentOf(pod)].runs }
 	u.mu.Lock()
 	var elapsed time.Duration
 	if last, ok := u.lastPass[kind]; ok {
@@ -191,6 +191,12 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	known, expired := overdue(held, u.held[kind], now, elapsed, u.grace, runs)
 	u.held[kind] = known
 	reportHeld(kind, known, now)
+	// A pod held for a second grace is released even when whether it is
+	// lost cannot be told (its parent's ledger unreadable): the bound holds.
+	overdueTwice := map[types.UID]bool{}
+	for _, pod := range expired {
+		overdueTwice[pod.UID] = known[pod.UID].used >= 2*u.grace
+	}
 	u.mu.Unlock()
 	if !writes {
 		// Fenced: the held pods are shown, and their grace waits until
@@ -206,42 +212,60 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 		if err != nil || len(pods) == 0 {
 			return err
 		}
-		return u.releaseAll(ctx, p, pods, "unservable",
+		return u.releaseAll(ctx, p, pods, nil, "unservable",
 			fmt.Sprintf("tally cannot keep the totals of %s (%s): released without counting them", kind, problem.Err))
 	}
-	if len(expired) == 0 {
-		return nil
+	var lost, orphaned []*Pod
+	for _, pod := range expired {
+		if parents[parentOf(pod)].orphaned {
+			orphaned = append(orphaned, pod)
+		} else {
+			lost = append(lost, pod)
+		}
 	}
-	if !p.Tracked() {
-		// No ledger holds the pods of a kind that keeps no totals (any
-		// more): none is folded.
-		p.Ledger = ""
+	var errs []error
+	if len(orphaned) > 0 {
+		// What the reconcilers release uncounted, had they come to it: no
+		// total ever holds these pods, so none is lost.
+		errs = append(errs, u.releaseAll(ctx, p, orphaned, nil, "orphaned",
+			"tally released these pods after the tracking grace, uncounted: their parent is gone, their kind keeps no totals, or their namespace is not one tally's webhook registration selects"))
 	}
-	return u.releaseAll(ctx, p, expired, "lost",
-		fmt.Sprintf("tally could not record these pods within the tracking grace (%s): released; they are not counted in the totals", u.grace))
+	if len(lost) > 0 {
+		errs = append(errs, u.releaseAll(ctx, p, lost, overdueTwice, "lost",
+			fmt.Sprintf("tally could not record these pods within the tracking grace (%s): released; they are not counted in the totals", u.grace)))
+	}
+	return errors.Join(errs...)
 }
 
-// graceRuns returns whether the grace of each of held, pods of kind p,
-// runs in this pass (this replica writing, the gate able to tell): once
-// its parent was reconciled while this replica may write, or at once when
-// no reconcile would record it.
-func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*Pod) func(*Pod) bool {
-	runs := map[types.NamespacedName]bool{}
+// graceOf is what a pass knows of a parent of held pods: whether their
+// grace runs, and whether no reconcile would record them (they are
+// released uncounted, not lost, when it runs out).
+type graceOf struct{ runs, orphaned bool }
+
+// parentOf names pod's parent.
+func parentOf(pod *Pod) types.NamespacedName {
+	return types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}
+}
+
+// graceRuns returns, for each parent of held, pods of kind p, whether their
+// grace runs in this pass (this replica writing, the gate able to tell):
+// once the parent was reconciled while this replica may write, or at once
+// when no reconcile would record them.
+func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*Pod) map[types.NamespacedName]graceOf {
+	out := map[types.NamespacedName]graceOf{}
 	// One budget for the pass's cache reads: a kind whose informer has not
 	// synced is read no longer than that, and its pods' grace waits.
 	readCtx, cancel := context.WithTimeout(ctx, parentReadWait)
 	defer cancel()
 	for _, pod := range held {
-		key := types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}
-		if _, ok := runs[key]; ok {
+		key := parentOf(pod)
+		if _, ok := out[key]; ok {
 			continue
 		}
-		runs[key] = !p.Tracked() || u.reconciled.has(parentKey{kind: p.GroupKind(), name: key}) ||
-			!u.scope.Selects(ctx, pod.Namespace) || u.parentGone(readCtx, p, key, pod.Controller.UID)
+		orphaned := !p.Tracked() || !u.scope.Selects(ctx, pod.Namespace) || u.parentGone(readCtx, p, key, pod.Controller.UID)
+		out[key] = graceOf{runs: orphaned || u.reconciled.has(parentKey{kind: p.GroupKind(), name: key}), orphaned: orphaned}
 	}
-	return func(pod *Pod) bool {
-		return runs[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}]
-	}
+	return out
 }
 
 // parentGone reports whether the cache shows that the parent of kind p
@@ -306,11 +330,12 @@ func (u *Unrecorded) byIndex(index string, kind schema.GroupKind) ([]*Pod, error
 
 // releaseAll removes the finalizer of pods, grouped by parent, and reports
 // each group. A group fails alone: the others are released all the same.
-func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Pod, action, message string) error {
+// force names the lost pods released even when their parent's ledger
+// cannot be read.
+func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Pod, force map[types.UID]bool, action, message string) error {
 	byParent := map[types.NamespacedName][]*Pod{}
 	for _, pod := range pods {
-		key := types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}
-		byParent[key] = append(byParent[key], pod)
+		byParent[parentOf(pod)] = append(byParent[parentOf(pod)], pod)
 	}
 	// The cache blocks a read of a kind whose informer has not synced (its
 	// list or watch forbidden, its resource changed): each read is
@@ -322,7 +347,11 @@ func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Po
 	var errs []error
 	for key, group := range byParent {
 		if action == "lost" {
-			errs = append(errs, u.releaseLost(ctx, p, key, group, message))
+			// At most PodBatch under one lock: the parent's reconcile
+			// waits for it.
+			for batch := range slices.Chunk(group, PodBatch) {
+				errs = append(errs, u.releaseLost(ctx, p, key, batch, force, message))
+			}
 			continue
 		}
 		parent, exists := (*unstructured.Unstructured)(nil), false
@@ -338,34 +367,70 @@ func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Po
 
 // releaseLost releases a parent's pods whose grace ran out, counting as
 // lost those its ledger does not hold, as the API server shows it now (a
-// pod recorded a moment ago may not be in the cached one yet). The ledger
-// is read and the pods released under the parent's record lock. A ledger
-// that cannot be read leaves the pods held until the next pass: whether
-// they are lost cannot be told.
-func (u *Unrecorded) releaseLost(ctx context.Context, p config.Parent, key types.NamespacedName, group []*Pod, message string) error {
+// pod recorded a moment ago may not be in the cached one yet), and that
+// still carried the finalizer when read just before (one the reconciler
+// recorded, released and folded meanwhile is in a total). The ledger and
+// the pods are read, and the pods released, under the parent's record
+// lock. A ledger that cannot be read (the parent's read failing, the
+// ledger malformed) leaves the pods held until the next pass, whether they
+// are lost cannot be told, except those in force.
+func (u *Unrecorded) releaseLost(ctx context.Context, p config.Parent, key types.NamespacedName, group []*Pod, force map[types.UID]bool, message string) error {
 	defer u.recording.lock(parentKey{kind: p.GroupKind(), name: key})()
 	reader := u.parents
 	if u.live != nil {
 		reader = u.live
 	}
 	parent, exists, _ := u.readParent(ctx, reader, p, key, group[0].Controller.UID)
-	if parent == nil {
-		return fmt.Errorf("reading %s %s, whose pods' tracking grace ran out, to tell whether its ledger holds them: not read within %s", p.GroupKind(), key, parentReadWait)
-	}
 	var ledger Book
-	if exists {
-		ledger, _ = ReadBook(parent.Object, p.LedgerPath(), nil)
+	var unread error
+	if parent == nil {
+		unread = fmt.Errorf("not read within %s", parentReadWait)
+	} else if exists {
+		ledger, unread = ReadBook(parent.Object, p.LedgerPath(), nil)
 	}
-	released, err := u.releaseGroup(ctx, p, group, "lost")
-	var lost []string
+	if unread != nil {
+		group = slices.DeleteFunc(slices.Clone(group), func(pod *Pod) bool { return !force[pod.UID] })
+		if len(group) == 0 {
+			return fmt.Errorf("reading the ledger of %s %s, whose pods' tracking grace ran out, to tell whether it holds them (they are released after a second grace all the same): %w", p.GroupKind(), key, unread)
+		}
+	}
+	var carried []*Pod
+	var errs []error
 	for _, pod := range group {
+		switch still, err := u.stillTracked(ctx, pod); {
+		case err != nil:
+			errs = append(errs, err)
+		case still:
+			carried = append(carried, pod)
+		}
+	}
+	released, err := u.releaseGroup(ctx, p, carried, "lost")
+	var lost []string
+	for _, pod := range carried {
 		if slices.Contains(released, pod.Name) && !ledger.Has(pod.UID) {
 			trackingLost.WithLabelValues(p.GroupKind().String()).Inc()
 			lost = append(lost, pod.Name)
 		}
 	}
 	u.report(p, key, parent, exists, "lost", message, released, lost)
-	return err
+	return errors.Join(append(errs, err)...)
+}
+
+// stillTracked reports whether pod, read from the API server when it can
+// be, still carries the tracking finalizer; a pod gone, or whose name
+// another pod took, does not.
+func (u *Unrecorded) stillTracked(ctx context.Context, pod *Pod) (bool, error) {
+	if u.live == nil {
+		return true, nil
+	}
+	live := podMeta(pod.Namespace, pod.Name)
+	switch err := u.live.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: pod.Name}, live); {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("reading pod %s/%s, whose tracking grace ran out: %w", pod.Namespace, pod.Name, err)
+	}
+	return live.GetUID() == pod.UID && slices.Contains(live.GetFinalizers(), keys.TrackingFinalizer), nil
 }
 
 // readParent reads the parent of kind p named key, within parentReadWait,
@@ -386,19 +451,21 @@ func (u *Unrecorded) readParent(ctx context.Context, reader client.Reader, p con
 	return parent, parent.GetUID() == uid, false
 }
 
-// releaseGroup removes the finalizer of pods, counting each under action,
-// and returns the names of those released.
+// releaseGroup removes the finalizer of pods, each on its own, counting
+// each under action, and returns the names of those released.
 func (u *Unrecorded) releaseGroup(ctx context.Context, p config.Parent, pods []*Pod, action string) ([]string, error) {
 	counter := trackingFinalizers.WithLabelValues(p.GroupKind().String(), action)
 	var released []string
+	var errs []error
 	for _, pod := range pods {
 		if err := patchRelease(ctx, u.writer, pod); err != nil {
-			return released, err
+			errs = append(errs, err)
+			continue
 		}
 		counter.Inc()
 		released = append(released, pod.Name)
 	}
-	return released, nil
+	return released, errors.Join(errs...)
 }
 
 // report logs the release of a parent's pods and, when the parent exists,
@@ -420,7 +487,7 @@ func (u *Unrecorded) report(p config.Parent, key types.NamespacedName, parent *u
 }
 
 // eventReason is the reason of the Warning Event each kind of release sends.
-var eventReason = map[string]string{"unservable": "TrackingReleasedUncounted", "lost": "TrackingLost"}
+var eventReason = map[string]string{"unservable": "TrackingReleasedUncounted", "orphaned": "TrackingReleasedUncounted", "lost": "TrackingLost"}
 
 // patchRelease removes the tracking finalizer from pod; a pod already gone,
 // or whose name another pod took since, counts as released.

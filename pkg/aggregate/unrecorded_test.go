@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
 )
 
 func TestOverdue(t *testing.T) {
@@ -166,7 +167,7 @@ func TestReleaseDoesNotWaitForAnUnsyncedCache(t *testing.T) {
 			Controller: Controller{Kind: p.GroupKind(), Name: parent}})
 	}
 	done := make(chan error, 1)
-	go func() { done <- u.releaseAll(context.Background(), p, pods, "unservable", "test") }()
+	go func() { done <- u.releaseAll(context.Background(), p, pods, nil, "unservable", "test") }()
 	select {
 	case err := <-done:
 		require.NoError(t, err)
@@ -179,45 +180,71 @@ func TestReleaseDoesNotWaitForAnUnsyncedCache(t *testing.T) {
 // failingReader answers every read with err, and counts them.
 type failingReader struct {
 	client.Reader
-	err   error
-	reads atomic.Int32
+	err error
+	// released: the pods read no longer carry the finalizer.
+	released bool
+	reads    atomic.Int32
 }
 
-func (r *failingReader) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
+func (r *failingReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	if trackedPod(key, obj) {
+		if r.released {
+			obj.SetFinalizers(nil)
+		}
+		return nil
+	}
 	r.reads.Add(1)
 	return r.err
 }
 
+// trackedPod answers a read of a pod, whose UID is its name, as carrying the
+// tracking finalizer, and reports whether obj was a pod.
+func trackedPod(key client.ObjectKey, obj client.Object) bool {
+	pod, ok := obj.(*metav1.PartialObjectMetadata)
+	if !ok || pod.Kind != "Pod" {
+		return false
+	}
+	pod.SetUID(types.UID(key.Name))
+	pod.SetFinalizers([]string{keys.TrackingFinalizer})
+	return true
+}
+
 // TestLostNeedsTheLedger: a pod whose grace ran out is counted as lost only
-// when its parent's ledger, read from the API server, does not hold it. A
-// ledger that cannot be read leaves the pod held for the next pass instead
-// of counting it as lost (the fold may count it); a parent that is gone
-// holds no ledger.
+// when its parent's ledger, read from the API server, does not hold it,
+// and the pod still carried the finalizer just before (else the
+// reconciler recorded and released it, and its total holds it). A ledger
+// that cannot be read leaves the pod held for the next pass instead of
+// counting it as lost (the fold may count it), until a second grace has
+// run out; a parent that is gone holds no ledger.
 func TestLostNeedsTheLedger(t *testing.T) {
 	p := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "LedgerPool",
 		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
 	kind := p.GroupKind().String()
-	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "uid-held"}, Tracking: true, Phase: corev1.PodFailed,
+	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "held"}, Tracking: true, Phase: corev1.PodFailed,
 		Controller: Controller{Kind: p.GroupKind(), Name: "pool", UID: "pool-uid"}}
+	gone := apierrors.NewNotFound(schema.GroupResource{Resource: "ledgerpools"}, "pool")
 	for _, tt := range []struct {
-		name               string
-		err                error
-		wantReleased, lost bool
+		name                      string
+		err                       error
+		released, force, wantErr  bool
+		wantReleased, wantCounted bool
 	}{
-		{name: "the API server cannot tell", err: errors.New("connection refused")},
-		{name: "the parent is gone", err: apierrors.NewNotFound(schema.GroupResource{Resource: "ledgerpools"}, "pool"), wantReleased: true, lost: true},
+		{name: "the API server cannot tell", err: errors.New("connection refused"), wantErr: true},
+		{name: "the API server cannot tell for a second grace", err: errors.New("connection refused"), force: true, wantReleased: true, wantCounted: true},
+		{name: "the parent is gone", err: gone, wantReleased: true, wantCounted: true},
+		{name: "recorded, released and folded meanwhile", err: gone, released: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			w := &patchRecorder{}
-			live := &failingReader{err: tt.err}
+			live := &failingReader{err: tt.err, released: tt.released}
 			u := NewUnrecorded([]config.Parent{p}, nil, nil, blockingReader{}, w, &events.FakeRecorder{}, time.Minute, nil, &reconciledParents{}, logr.Discard())
 			u.live, u.recording = live, &recordLocks{}
 			before := testutil.ToFloat64(trackingLost.WithLabelValues(kind))
-			err := u.releaseAll(context.Background(), p, []*Pod{pod}, "lost", "test")
-			assert.Equal(t, !tt.wantReleased, err != nil, "error: %v", err)
+			err := u.releaseAll(context.Background(), p, []*Pod{pod}, map[types.UID]bool{pod.UID: tt.force}, "lost", "test")
+			assert.Equal(t, tt.wantErr, err != nil, "error: %v", err)
 			assert.Equal(t, tt.wantReleased, len(w.patched) == 1, "released: %v", w.patched)
 			lost := testutil.ToFloat64(trackingLost.WithLabelValues(kind)) - before
-			assert.Equal(t, tt.lost, lost == 1, "counted as lost: %v", lost)
+			assert.Equal(t, tt.wantCounted, lost == 1, "counted as lost: %v", lost)
 			assert.EqualValues(t, 1, live.reads.Load())
 		})
 	}
@@ -232,7 +259,7 @@ func TestLostWaitsForARecord(t *testing.T) {
 	p := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "RacePool",
 		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
 	kind := p.GroupKind().String()
-	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "uid-held"}, Tracking: true, Phase: corev1.PodFailed,
+	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "held"}, Tracking: true, Phase: corev1.PodFailed,
 		Controller: Controller{Kind: p.GroupKind(), Name: "pool", UID: "pool-uid"}}
 	ledger := &ledgerReader{uid: "pool-uid"}
 	w := &patchRecorder{}
@@ -243,7 +270,7 @@ func TestLostWaitsForARecord(t *testing.T) {
 
 	unlock := locks.lock(parentKey{kind: p.GroupKind(), name: types.NamespacedName{Namespace: "ns", Name: "pool"}})
 	done := make(chan error, 1)
-	go func() { done <- u.releaseAll(context.Background(), p, []*Pod{pod}, "lost", "test") }()
+	go func() { done <- u.releaseAll(context.Background(), p, []*Pod{pod}, nil, "lost", "test") }()
 	time.Sleep(100 * time.Millisecond)
 	assert.Zero(t, ledger.reads.Load(), "the ledger read while a record was under way")
 	ledger.record(pod.UID)
@@ -270,6 +297,9 @@ func (r *ledgerReader) record(uid types.UID) {
 }
 
 func (r *ledgerReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	if trackedPod(key, obj) {
+		return nil
+	}
 	r.reads.Add(1)
 	r.mu.Lock()
 	defer r.mu.Unlock()
