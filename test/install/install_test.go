@@ -199,8 +199,10 @@ func trackedPods() int {
 // Then it deletes what it created.
 func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig []byte, valuesFile string) {
 	t.Helper()
+	// No other webhook here: the pods' CREATEs end within the webhook's
+	// own timeout.
 	manifest, err := helm.Run("template", release, helm.Chart(), "--namespace", ns, "-f", valuesFile,
-		"--show-only", "templates/uninstall-hook.yaml")
+		"--set", "uninstallHook.settleSeconds=10", "--show-only", "templates/uninstall-hook.yaml")
 	require.NoError(t, err)
 	objs, err := helm.Objects(manifest)
 	require.NoError(t, err)

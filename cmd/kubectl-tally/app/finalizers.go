@@ -77,7 +77,7 @@ puts the finalizer back on the running pods released so far, and a later run sta
 	remove.Flags().StringVar(&stop.webhook, "stop-webhook", "", "first pause this MutatingWebhookConfiguration (tally's), so that no new pod gets the finalizer")
 	remove.Flags().StringVar(&stop.aggregator, "stop-aggregator", "", "first scale this Deployment of --tally-namespace (tally's aggregator) to zero and wait for its pods to go")
 	remove.Flags().DurationVar(&stop.timeout, "stop-timeout", 2*time.Minute, "how long to wait for the aggregator's pods to go before removing the finalizers anyway")
-	remove.Flags().DurationVar(&stop.settle, "settle", 35*time.Second, "with --stop-webhook or --stop-aggregator: release again until a pass that starts this long after the stop finds nothing (at least the webhook's timeoutSeconds, at most 30 s, and a few seconds for the pause to take effect)")
+	remove.Flags().DurationVar(&stop.settle, "settle", 65*time.Second, "with --stop-webhook or --stop-aggregator: release again until a pass that starts this long after the stop finds nothing (long enough for a pod CREATE admitted just before the pause to end: the API server's request timeout, 60 s by default, bounds its admission chain)")
 	cmd.AddCommand(remove)
 	return cmd
 }
