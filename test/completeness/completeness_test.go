@@ -193,11 +193,14 @@ func TestTrackingFollowsTheNamespaceSelector(t *testing.T) {
 		"the pods their operator stamped are counted, whatever the namespace")
 	require.Eventually(t, func() bool { return len(tracked()) == 0 }, 30*time.Second, 200*time.Millisecond,
 		"the pod carrying the finalizer is released: %v", tracked())
-	var events eventsv1.EventList
-	require.NoError(t, env.Client.List(ctx, &events, client.InNamespace(out)))
-	assert.True(t, slices.ContainsFunc(events.Items, func(e eventsv1.Event) bool {
-		return e.Reason == "TrackingReleasedOutOfScope" && e.Regarding.UID == uid && strings.Contains(e.Note, "held")
-	}), "a Warning Event on the parent names the released pod")
+	// Events are sent asynchronously, after the release.
+	assert.Eventually(t, func() bool {
+		var events eventsv1.EventList
+		require.NoError(t, env.Client.List(ctx, &events, client.InNamespace(out)))
+		return slices.ContainsFunc(events.Items, func(e eventsv1.Event) bool {
+			return e.Reason == "TrackingReleasedOutOfScope" && e.Regarding.UID == uid && strings.Contains(e.Note, "held")
+		})
+	}, 10*time.Second, 100*time.Millisecond, "a Warning Event on the parent names the released pod")
 	assert.Empty(t, tracked(), "no pod of a namespace out of scope gets the finalizer")
 
 	exclude(false)
