@@ -7,9 +7,11 @@
 // prints it). It writes an archive
 // (--out) or pushes to a registry (--push). The same sources give the same
 // digest: binaries are built with -trimpath and no build ID, and every
-// timestamp is the last commit's. With --cmd it builds the same way an image
-// of other commands of the repository (the one-node cluster's pause image,
-// the WorkerPool example's operator and worker).
+// timestamp is the last commit's. Every image holds the repository's
+// LICENSE beside the commands and carries its licence (license) in the
+// org.opencontainers.image.licenses label. With --cmd it builds the same
+// way an image of other commands of the repository (the one-node cluster's
+// pause image, the WorkerPool example's operator and worker).
 package main
 
 import (
@@ -36,6 +38,14 @@ import (
 
 // commands are the commands of cmd/ the image holds, when they exist.
 var commands = []string{"webhook", "aggregator", "kubectl-tally"}
+
+// license is the SPDX identifier of the repository's licence (LICENSE),
+// the image's org.opencontainers.image.licenses label.
+const license = "Apache-2.0"
+
+// licenseFile is the repository's licence, which every image holds at its
+// root under the same name.
+const licenseFile = "LICENSE"
 
 func main() {
 	out := flag.String("out", "", "write the image as an OCI layout archive to this file")
@@ -81,6 +91,10 @@ func (b build) run(out, push string) error {
 	if err != nil {
 		return err
 	}
+	licenseText, err := os.ReadFile(filepath.Join(b.root, licenseFile))
+	if err != nil {
+		return fmt.Errorf("the image holds the repository's licence: %w", err)
+	}
 	dir, err := os.MkdirTemp("", "tally-image-build-")
 	if err != nil {
 		return err
@@ -103,6 +117,7 @@ func (b build) run(out, push string) error {
 			"org.opencontainers.image.version":  version,
 			"org.opencontainers.image.revision": revision,
 			"org.opencontainers.image.title":    title,
+			"org.opencontainers.image.licenses": license,
 		},
 	}
 	if b.source != "" {
@@ -112,7 +127,8 @@ func (b build) run(out, push string) error {
 		opts.Entrypoint = []string{b.entrypoint}
 	}
 	for _, arch := range b.arches {
-		p := image.Platform{OS: "linux", Architecture: arch, Binaries: map[string]string{}}
+		p := image.Platform{OS: "linux", Architecture: arch, Binaries: map[string]string{},
+			Files: []image.File{{Name: licenseFile, Mode: 0o644, Data: licenseText}}}
 		for _, pkg := range packages {
 			name := path.Base(pkg)
 			bin := filepath.Join(dir, arch, name)

@@ -1,6 +1,7 @@
 // Package image checks `make image` and `make push` (hack/image): the
-// archive's index, manifests and config, the binaries in its layer, the
-// digest of two builds, and a push to a registry served by the test.
+// archive's index, manifests and config, the binaries and the LICENSE in
+// its layer, the digest of two builds, and a push to a registry served by
+// the test.
 package image
 
 import (
@@ -124,8 +125,13 @@ func TestImage(t *testing.T) {
 			"org.opencontainers.image.version":  appVersion(t),
 			"org.opencontainers.image.revision": gitHead(t),
 			"org.opencontainers.image.title":    "tally",
+			"org.opencontainers.image.licenses": "Apache-2.0",
 		}, cfg.Config.Labels)
 		files := layerFiles(t, img)
+		license, err := os.ReadFile(repo.Path("LICENSE"))
+		require.NoError(t, err)
+		assert.Equal(t, string(license), string(files["LICENSE"]), "the image holds the repository's LICENSE")
+		delete(files, "LICENSE")
 		assert.Contains(t, files, "webhook")
 		assert.Contains(t, files, "aggregator")
 		assert.Contains(t, files, "kubectl-tally")
@@ -181,7 +187,11 @@ func layerFiles(t *testing.T, img v1.Image) map[string][]byte {
 			return files
 		}
 		require.NoError(t, err)
-		assert.Equal(t, int64(0o755), hdr.Mode, hdr.Name)
+		if hdr.Name == "LICENSE" {
+			assert.Equal(t, int64(0o644), hdr.Mode, hdr.Name)
+		} else {
+			assert.Equal(t, int64(0o755), hdr.Mode, hdr.Name)
+		}
 		data, err := io.ReadAll(tr)
 		require.NoError(t, err)
 		files[hdr.Name] = data
