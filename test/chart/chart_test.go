@@ -62,7 +62,8 @@ func TestSampleValues(t *testing.T) {
 		cfg, err := config.Parse([]byte(data))
 		require.NoError(t, err)
 		require.Len(t, cfg.Parents, 1)
-		assert.Equal(t, "status.unexpectedTotal", cfg.Parents[0].Counts[config.UnexpectedTotal])
+		assert.Equal(t, "status.active", cfg.Parents[0].Counts[config.Active])
+		assert.False(t, cfg.Parents[0].Tracked(), "the sample maps counts alone: totals are an opt-in")
 		loaded = true
 	}
 	assert.True(t, loaded, "no ConfigMap rendered")
