@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -49,20 +50,49 @@ func (d *Demo) display(ctx context.Context, start time.Time) func() {
 	}
 }
 
-// line is the snapshot as one progress line, elapsed into the run.
+// line is the snapshot as one progress line, elapsed into the run. Between
+// tally's counts and the List's it prints "=" or "≠", and likewise between
+// tally's totals and the pods seen finishing; a value tally does not show
+// yet (see Snapshot) prints as "-", and so does the mark of a side that
+// has one: it cannot be compared yet. Match, not this line, decides the
+// verdict.
 func (s Snapshot) line(elapsed time.Duration) string {
-	mark := "≠"
-	if s.Match() {
-		mark = "="
-	}
 	f := func(m map[config.Count]int64) string {
-		return fmt.Sprintf("active=%-3d completing=%-3d completed=%-3d unexpected=%-3d",
-			m[config.Active], m[config.Completing], m[config.Completed], m[config.Unexpected])
+		return fmt.Sprintf("active=%-3s completing=%-3s completed=%-3s unexpected=%-3s",
+			shownValue(m[config.Active]), shownValue(m[config.Completing]), shownValue(m[config.Completed]), shownValue(m[config.Unexpected]))
 	}
-	line := fmt.Sprintf("%5.1fs desired=%-3d tally: %s %s list: %s", elapsed.Seconds(), s.Desired, f(s.Tally), mark, f(s.Truth))
+	line := fmt.Sprintf("%5.1fs desired=%-3d tally: %s %s list: %s",
+		elapsed.Seconds(), s.Desired, f(s.Tally), compared(s.Tally, s.Truth, config.Counts), f(s.Truth))
 	if s.Totals != nil {
-		line += fmt.Sprintf(" | totals: completed=%-3d unexpected=%-3d finished: completed=%-3d unexpected=%-3d",
-			s.Totals[config.CompletedTotal], s.Totals[config.UnexpectedTotal], s.Finished[config.CompletedTotal], s.Finished[config.UnexpectedTotal])
+		line += fmt.Sprintf(" | totals: completed=%-3s unexpected=%-3s %s finished: completed=%-3s unexpected=%-3s",
+			shownValue(s.Totals[config.CompletedTotal]), shownValue(s.Totals[config.UnexpectedTotal]),
+			compared(s.Totals, s.Finished, config.Totals),
+			shownValue(s.Finished[config.CompletedTotal]), shownValue(s.Finished[config.UnexpectedTotal]))
 	}
 	return line
+}
+
+// shownValue formats a value of a snapshot: "-" when it is not known yet
+// (negative: the parent's status has no such field).
+func shownValue(v int64) string {
+	if v < 0 {
+		return "-"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+// compared is the mark between two sides' values of counts cs: "=" when
+// they are equal, "≠" when they differ, "-" while a value of either side
+// is not known yet.
+func compared(a, b map[config.Count]int64, cs []config.Count) string {
+	mark := "="
+	for _, c := range cs {
+		if a[c] < 0 || b[c] < 0 {
+			return "-"
+		}
+		if a[c] != b[c] {
+			mark = "≠"
+		}
+	}
+	return mark
 }

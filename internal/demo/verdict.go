@@ -28,8 +28,11 @@ var (
 // Snapshot is what tally shows on the pool beside the truth.
 type Snapshot struct {
 	Desired int64
-	Tally   map[config.Count]int64
-	Truth   map[config.Count]int64
+	// Tally holds -1, as Totals does, for a value the parent's status does
+	// not show yet: the aggregator has not written it (the totals, until
+	// the first pod finishes).
+	Tally map[config.Count]int64
+	Truth map[config.Count]int64
 	// Totals are the totals tally shows, Finished the pods the demo saw
 	// finish; both nil when the configuration maps no totals.
 	Totals, Finished map[config.Count]int64
