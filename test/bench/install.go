@@ -27,8 +27,7 @@ import (
 //
 // With countsOnly it stops once the counts are right (the stamps of 150,000
 // pods take about 50 minutes at the default rate).
-func runInstall(env *framework.Env, nNamespaces, parentsPer, podsPer int, countsOnly bool) error {
-	ctx := context.Background()
+func runInstall(ctx context.Context, env *framework.Env, nNamespaces, parentsPer, podsPer int, countsOnly bool) error {
 	c := env.Client
 	start := time.Now()
 	want := map[string]map[string]int64{} // "<ns>/<name>" → status field → count

@@ -47,8 +47,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap/zapcore"
@@ -94,42 +97,101 @@ func main() {
 	countsOnly := flag.Bool("counts-only", false, "install: stop once every parent is right, without waiting for the stamps")
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	err := withControlPlane(func(env *framework.Env) error {
+	ctx, interrupted := interruptible()
+	err := withControlPlane(ctx, func(ctx context.Context, env *framework.Env) error {
 		switch *scenario {
 		case "counts":
-			return run(env, *parents, *podsPer, *burst, *rate, *steady)
+			return run(ctx, env, *parents, *podsPer, *burst, *rate, *steady)
 		case "sweep":
-			return runSweep(env, *total, *tracked)
+			return runSweep(ctx, env, *total, *tracked)
 		case "webhook":
-			return runWebhook(env, *step, *apiRound)
+			return runWebhook(ctx, env, *step, *apiRound)
 		case "scale":
-			return runScale(env, *namespaces, *parentsPerNS, *podsPer, *tallyOnly)
+			return runScale(ctx, env, *namespaces, *parentsPerNS, *podsPer, *tallyOnly)
 		case "install":
-			return runInstall(env, *namespaces, *parentsPerNS, *podsPer, *countsOnly)
+			return runInstall(ctx, env, *namespaces, *parentsPerNS, *podsPer, *countsOnly)
 		case "totals":
-			return runTotals(env, 20, 50, 100, *bigParent)
+			return runTotals(ctx, env, 20, 50, 100, *bigParent)
 		case "uninstall":
-			return runUninstall(env, *total, 500)
+			return runUninstall(ctx, env, *total, 500)
 		}
 		return fmt.Errorf("unknown scenario %q", *scenario)
 	})
+	if sig := interrupted(); sig != nil {
+		// As `make demo` does: what the bench started is stopped by now,
+		// and the exit status is the shell's for a command ended by sig.
+		fmt.Fprintf(os.Stderr, "bench: %s: the scenario was interrupted; everything the bench started has been stopped\n", sig)
+		os.Exit(128 + int(sig.(syscall.Signal)))
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-// withControlPlane runs f on a new control plane with the bench namespace.
-func withControlPlane(f func(*framework.Env) error) error {
+// interruptible returns a context canceled on the first SIGINT or SIGTERM,
+// and a func that tells which of them came, if one did. A second signal
+// ends the process at once, as it would without the bench's handling
+// (cmd/tally-demo does the same).
+func interruptible() (context.Context, func() os.Signal) {
+	ctx, cancel := context.WithCancel(context.Background())
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	var got atomic.Value
+	go func() {
+		sig := <-signals
+		got.Store(sig)
+		signal.Stop(signals)
+		cancel()
+	}()
+	return ctx, func() os.Signal {
+		sig, _ := got.Load().(os.Signal)
+		return sig
+	}
+}
+
+// scenarioGrace is how long withControlPlane waits, once ctx ends, for the
+// scenario to stop what it started (its processes get 15 s each to exit on
+// SIGTERM) before it stops the control plane all the same.
+const scenarioGrace = 40 * time.Second
+
+// withControlPlane runs f on a new control plane with the bench namespace,
+// then stops the control plane, also when ctx ends first: f is given
+// scenarioGrace to return, and whatever it still runs then (its child
+// processes die with the bench, their parent) is left to the exit that
+// follows. kube-apiserver and etcd run in process groups of their own, so
+// an interrupt reaches them only this way; each gets envtest's stop
+// timeout (20 s) to exit on SIGTERM, then SIGKILL.
+func withControlPlane(ctx context.Context, f func(context.Context, *framework.Env) error) error {
 	env, err := framework.Start(controlplane.Options{EtcdQuotaBytes: 8 << 30})
 	if err != nil {
 		return err
 	}
-	defer env.Stop()
-	if err := env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+	defer func() {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: stopping the control plane:", err)
+		}
+	}()
+	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return f(env)
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- f(ctx, env) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	fmt.Fprintln(os.Stderr, "bench: interrupted: stopping the scenario's processes, then the control plane")
+	select {
+	case <-done:
+	case <-time.After(scenarioGrace):
+		fmt.Fprintf(os.Stderr, "bench: the scenario did not return within %s of the interrupt; stopping the control plane\n", scenarioGrace)
+	}
+	return ctx.Err()
 }
 
 type parent struct {
@@ -138,8 +200,7 @@ type parent struct {
 	pods []*corev1.Pod
 }
 
-func run(env *framework.Env, nParents, podsPer, burst, rate int, steady time.Duration) error {
-	ctx := context.Background()
+func run(ctx context.Context, env *framework.Env, nParents, podsPer, burst, rate int, steady time.Duration) error {
 	c := env.Client
 
 	start := time.Now()

@@ -75,8 +75,7 @@ type scaleResult struct {
 // aggregator (protobuf and JSON) and the conventional controller, the time
 // from start to every parent right, memory and CPU, and convergence after
 // 10% of the pods change at once.
-func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOnly bool) error {
-	ctx := context.Background()
+func runScale(ctx context.Context, env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOnly bool) error {
 	dir, err := os.MkdirTemp("", "tally-bench-scale-")
 	if err != nil {
 		return err
@@ -85,7 +84,7 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOn
 	if err := framework.BuildBinaries(dir, "aggregator"); err != nil {
 		return err
 	}
-	build := exec.Command("go", "build", "-o", filepath.Join(dir, "conventional"), "./test/bench/conventional")
+	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "conventional"), "./test/bench/conventional")
 	build.Dir = repo.Root()
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the conventional controller: %w: %s", err, out)
@@ -149,7 +148,7 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOn
 	// Idle baselines: the parents, no pods yet.
 	idle := map[string]int64{}
 	for _, ct := range contenders {
-		p, err := startContender(ct, dir)
+		p, err := startContender(ctx, ct, dir)
 		if err != nil {
 			return err
 		}
@@ -233,7 +232,7 @@ func runScale(env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOn
 	return nil
 }
 
-func startContender(ct contender, dir string) (*process.Process, error) {
+func startContender(ctx context.Context, ct contender, dir string) (*process.Process, error) {
 	port, err := process.FreePort()
 	if err != nil {
 		return nil, err
@@ -248,7 +247,7 @@ func startContender(ct contender, dir string) (*process.Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	if err := p.WaitReady(ctx, "http://"+addr+"/readyz"); err != nil {
 		_ = p.Stop()
@@ -262,7 +261,7 @@ func startContender(ct contender, dir string) (*process.Process, error) {
 func measure(ctx context.Context, c client.Client, cs kubernetes.Interface, ct contender, dir string, pools []*scalePool, round, nPods int) (scaleResult, error) {
 	r := scaleResult{name: ct.name}
 	start := time.Now()
-	p, err := startContender(ct, dir)
+	p, err := startContender(ctx, ct, dir)
 	if err != nil {
 		return r, err
 	}

@@ -29,8 +29,7 @@ import (
 // sweep at install (which stamps the tracked pods), then a steady-state
 // sweep (nothing left to stamp). The baseline is a plain paginated List of
 // the same pods, as any controller's informer does at start-up.
-func runSweep(env *framework.Env, total, tracked int) error {
-	ctx := context.Background()
+func runSweep(ctx context.Context, env *framework.Env, total, tracked int) error {
 	c := env.Client
 	pool := operator.Pool(ns, "pool-a", int64(tracked))
 	if err := c.Create(ctx, pool); err != nil {

@@ -71,7 +71,7 @@ func writesConfig(base *rest.Config) (*rest.Config, *writes) {
 // aggregator with the four counts only (the baseline) and with both totals
 // mapped: in bursts, one at a time, and one at a time in one parent of
 // bigPod pods.
-func runTotals(env *framework.Env, nParents, podsPer, burst, bigPods int) error {
+func runTotals(ctx context.Context, env *framework.Env, nParents, podsPer, burst, bigPods int) error {
 	counts := map[config.Count]string{
 		config.Completing: "status.completing", config.Completed: "status.completed",
 		config.Active: "status.active", config.Unexpected: "status.unexpected",
@@ -100,7 +100,7 @@ func runTotals(env *framework.Env, nParents, podsPer, burst, bigPods int) error 
 			{"counts and totals", config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: withTotals, Ledger: "status.tallyLedger"}},
 		} {
 			label := wl.name + ", " + mode.name
-			w, took, err := finishAll(env, mode.parent, wl)
+			w, took, err := finishAll(ctx, env, mode.parent, wl)
 			if err != nil {
 				return fmt.Errorf("%s: %w", label, err)
 			}
@@ -139,9 +139,8 @@ type workload struct {
 // counts (and totals) right, no ledger, no finalizer left on a finished pod.
 // It returns the requests the aggregator sent from the first finished pod
 // on.
-func finishAll(env *framework.Env, parent config.Parent, wl workload) (*writes, time.Duration, error) {
+func finishAll(ctx context.Context, env *framework.Env, parent config.Parent, wl workload) (*writes, time.Duration, error) {
 	nParents, podsPer := wl.parents, wl.podsPer
-	ctx := context.Background()
 	c := env.Client
 	ns, err := env.Namespace(ctx, "totals")
 	if err != nil {

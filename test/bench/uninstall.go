@@ -23,8 +23,7 @@ import (
 // tracking finalizer, with the hook's settings, against a baseline of the
 // previous ones (client-go's 5 requests a second, one pod at a time) over
 // baseline pods.
-func runUninstall(env *framework.Env, total, baseline int) error {
-	ctx := context.Background()
+func runUninstall(ctx context.Context, env *framework.Env, total, baseline int) error {
 	admin, err := env.AddUser(envtest.User{Name: "bench-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		return err

@@ -50,7 +50,7 @@ import (
 // runWebhook measures admissions over TLS, on one core each: bin/webhook
 // against the conventional controller-runtime webhook, then pod creates
 // through the API server with tally's webhook registered and without.
-func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) error {
+func runWebhook(ctx context.Context, env *framework.Env, step time.Duration, apiRound time.Duration) error {
 	dir, err := os.MkdirTemp("", "tally-bench-webhook-")
 	if err != nil {
 		return err
@@ -59,7 +59,7 @@ func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) 
 	if err := framework.BuildBinaries(dir, "webhook"); err != nil {
 		return err
 	}
-	build := exec.Command("go", "build", "-o", filepath.Join(dir, "conventional-webhook"), "./test/bench/conventional-webhook")
+	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "conventional-webhook"), "./test/bench/conventional-webhook")
 	build.Dir = repo.Root()
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the conventional webhook: %w: %s", err, out)
@@ -114,7 +114,7 @@ func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) 
 		return err
 	}
 	defer conv.Stop()
-	if err := tally.WaitReady(context.Background(), fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)); err != nil {
+	if err := tally.WaitReady(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)); err != nil {
 		return err
 	}
 	time.Sleep(time.Second)
@@ -143,7 +143,7 @@ func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) 
 	for _, s := range servers {
 		best, bestConc := 0.0, 0
 		for _, conc := range []int{1, 2, 4, 8, 16, 32, 64} {
-			res, err := load(s.url, roots, bodies, conc, step, 0)
+			res, err := load(ctx, s.url, roots, bodies, conc, step, 0)
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
@@ -152,7 +152,7 @@ func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) 
 				best, bestConc = res.rate, conc
 			}
 		}
-		half, err := load(s.url, roots, bodies, bestConc, step, best/2)
+		half, err := load(ctx, s.url, roots, bodies, bestConc, step, best/2)
 		if err != nil {
 			return err
 		}
@@ -163,7 +163,7 @@ func runWebhook(env *framework.Env, step time.Duration, apiRound time.Duration) 
 	fmt.Printf("tally / conventional at saturation: %.1fx (target >= 5x); tally on one core: %.0f/s (target >= 10,000)\n",
 		sat[servers[0].name]/sat[servers[1].name], sat[servers[0].name])
 
-	return throughAPIServer(env, ca, tallyPort, tally.Pid(), apiRound)
+	return throughAPIServer(ctx, env, ca, tallyPort, tally.Pid(), apiRound)
 }
 
 // adminKubeconfig writes a cluster-admin kubeconfig for env into dir.
@@ -228,9 +228,10 @@ type loadResult struct {
 
 func (r loadResult) p(q int) time.Duration { return pct(r.lat, q).Round(time.Microsecond) }
 
-// load sends the bodies in turn from conc keep-alive connections for d:
-// as fast as answers come (rate 0), or at rate requests a second in all.
-func load(url string, roots *x509.CertPool, bodies [][]byte, conc int, d time.Duration, rate float64) (loadResult, error) {
+// load sends the bodies in turn from conc keep-alive connections for d,
+// or until ctx ends: as fast as answers come (rate 0), or at rate requests
+// a second in all.
+func load(ctx context.Context, url string, roots *x509.CertPool, bodies [][]byte, conc int, d time.Duration, rate float64) (loadResult, error) {
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, MaxIdleConnsPerHost: conc, MaxConnsPerHost: conc, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
@@ -255,7 +256,13 @@ func load(url string, roots *x509.CertPool, bodies [][]byte, conc int, d time.Du
 					next = next.Add(interval)
 				}
 				t := time.Now()
-				resp, err := client.Post(url, "application/json", bytes.NewReader(bodies[i%len(bodies)]))
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(bodies[i%len(bodies)]))
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := client.Do(req)
 				if err == nil {
 					_, err = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
@@ -318,8 +325,7 @@ type admissionCase struct {
 // tally's registration now, for pods their operator did not stamp and for
 // pods it did. It reports latency, throughput, webhook calls, and the CPU
 // time the API server and the webhook spent per request.
-func throughAPIServer(env *framework.Env, ca *devcert.CA, port, webhookPID int, d time.Duration) error {
-	ctx := context.Background()
+func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, port, webhookPID int, d time.Duration) error {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = -1, 0
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
