@@ -7,12 +7,16 @@ package framework
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
+	"sync"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -53,7 +57,8 @@ func strict() bool { return os.Getenv("CI") == "true" }
 
 // Tool returns the path of a tool that the Makefile builds and exports as
 // $env. When it is not set, the test is skipped with a message naming
-// target, the make target that builds and sets it; under CI=true it fails.
+// target, the make target that builds and sets it, which Notice also
+// writes; under CI=true it fails.
 // A path that is set but does not exist always fails.
 func Tool(t testing.TB, env, target string) string {
 	t.Helper()
@@ -63,6 +68,7 @@ func Tool(t testing.TB, env, target string) string {
 		if strict() {
 			t.Fatal(msg)
 		}
+		Notice("SKIP: " + msg)
 		t.Skip("SKIP: " + msg)
 	}
 	if _, err := os.Stat(p); err != nil {
@@ -89,8 +95,10 @@ func long(t testing.TB, short bool) {
 
 // HaveTools is for a TestMain whose package needs the tools `make test`
 // builds (kube-apiserver, etcd, helm, cert-manager's CRDs). When one is not
-// set it says so on stderr and returns false with the exit code: 0, the
-// package skipped, or 1 under CI=true.
+// set it says so on stderr (Notice) and returns false with the exit code:
+// 0, the package skipped, or 1 under CI=true. A package skipped says too
+// that it ran no test, as the testing package does when -run matches none:
+// go test then ends its "ok" line with [no tests to run].
 func HaveTools() (ok bool, code int) {
 	var missing []string
 	for _, e := range testTools {
@@ -101,11 +109,87 @@ func HaveTools() (ok bool, code int) {
 	if len(missing) == 0 {
 		return true, 0
 	}
-	fmt.Fprintf(os.Stderr, "SKIP: %s not set: run `make test`, which builds the tools and sets them\n", strings.Join(missing, ", "))
+	Notice(fmt.Sprintf("SKIP: %s not set: run `make test`, which builds the tools and sets them", strings.Join(missing, ", ")))
 	if strict() {
 		return false, 1
 	}
+	fmt.Fprintln(stderr, "testing: warning: no tests to run")
 	return false, 0
+}
+
+// stderr is where HaveTools and Notice write, goStderr what opens the go
+// command's stderr for Notice (goTestStderr); tests replace both. noticed
+// holds the lines Notice has written.
+var (
+	stderr   io.Writer = os.Stderr
+	goStderr           = goTestStderr
+	noticed  sync.Map
+)
+
+// Notice writes msg, a test or package skipped (or not run) and what it
+// lacks, on stderr as one line that names the test package, once per
+// message. go test shows a passing package's output only with -v, so when
+// it would hide the line, Notice also writes it to the go command's own
+// stderr: `go test ./test/kopf/` then says why the package ran nothing.
+func Notice(msg string) {
+	line := fmt.Sprintf("%s: %s\n", testPackage(), strings.ReplaceAll(msg, "\n", " "))
+	if _, said := noticed.LoadOrStore(line, true); said {
+		return
+	}
+	fmt.Fprint(stderr, line)
+	if f := goStderr(); f != nil {
+		fmt.Fprint(f, line)
+		f.Close()
+	}
+}
+
+// testPackage returns the import path of the package this test binary
+// tests, as go test names it.
+func testPackage() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Path != "" {
+		return strings.TrimSuffix(bi.Path, ".test")
+	}
+	return filepath.Base(os.Args[0])
+}
+
+// goTestStderr opens the stderr of the go command that runs this test
+// binary when that command would not show the binary's output: without -v
+// go test keeps a passing package's output to itself, unless it handed the
+// binary its own stdout (`go test` without packages streams it). It
+// returns nil when the output is shown (-v, or under CI=true, where a
+// missing tool fails the package), when the parent is not the go command,
+// when its stderr is a regular file (written at an offset of its own, the
+// line could be overwritten), and where /proc does not tell.
+func goTestStderr() *os.File {
+	verbose := flag.Lookup("test.v")
+	if verbose == nil || strict() {
+		return nil
+	}
+	if !flag.Parsed() {
+		flag.Parse() // called from TestMain, before m.Run parses them
+	}
+	if verbose.Value.String() != "false" {
+		return nil
+	}
+	parent := fmt.Sprintf("/proc/%d/", os.Getppid())
+	if exe, err := os.Readlink(parent + "exe"); err != nil || filepath.Base(exe) != "go" {
+		return nil
+	}
+	ours, err := os.Stdout.Stat()
+	if err != nil {
+		return nil
+	}
+	if its, err := os.Stat(parent + "fd/1"); err != nil || os.SameFile(ours, its) {
+		return nil
+	}
+	if its, err := os.Stat(parent + "fd/2"); err != nil || its.Mode().IsRegular() {
+		return nil
+	}
+	f, err := os.OpenFile(parent+"fd/2", os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil
+	}
+	return f
 }
 
 // Main is a test package's TestMain body: it starts one control plane for

@@ -144,6 +144,7 @@ func TestCRDDeclaresMappedFields(t *testing.T) {
 // run.
 func TestOperatorRunsWithTally(t *testing.T) {
 	if out, err := python("-c", "import kopf, kubernetes").CombinedOutput(); err != nil {
+		framework.Notice("NOT RUN: " + t.Name() + ": Python cannot import kopf and kubernetes: set KOPF_PYTHON and KOPF_PATH as examples/kopf/README.md says")
 		t.Skipf("NOT RUN: Python cannot import kopf and kubernetes (%v: %s); set KOPF_PYTHON and KOPF_PATH as examples/kopf/README.md says to run the operator", err, bytes.TrimSpace(out))
 	}
 	ctx := context.Background()
