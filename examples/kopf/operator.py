@@ -6,7 +6,7 @@ tally.dev/completion-intent (one merge patch per pod, no read-modify-write),
 and it reads status.completing, status.active, status.completed and
 status.unexpected, which tally's aggregator writes from the pods themselves.
 It stops replacing a pool's crashed pods once status.unexpectedTotal (every
-pod that ever finished without being asked to, counted once by tally even
+pod that ever finished without being asked to, counted at most once by tally even
 after the pod is deleted) reaches its restart budget.
 
 Run it (see README.md next to this file):

@@ -1,6 +1,7 @@
 package docs
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"tally.dev/tally/cmd/kubectl-tally/app"
 	"tally.dev/tally/internal/repo"
 )
 
@@ -146,29 +149,47 @@ func slug(title string) string {
 func isLetter(r rune) bool { return strings.ToUpper(string(r)) != strings.ToLower(string(r)) }
 
 // TestKubectlTallyCommands: every `kubectl tally X` the documents show is a
-// command of the plugin.
+// command of the plugin, and for a command that has subcommands
+// (finalizers), the word after it is one of them.
 func TestKubectlTallyCommands(t *testing.T) {
-	files, err := filepath.Glob(repo.Path("cmd", "kubectl-tally", "app", "*.go"))
-	require.NoError(t, err)
-	useRE := regexp.MustCompile(`Use:\s+"([a-z-]+)`)
-	commands := map[string]bool{}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		require.NoError(t, err)
-		for _, m := range useRE.FindAllStringSubmatch(string(data), -1) {
-			commands[m[1]] = true
-		}
-	}
-	require.True(t, commands["doctor"], "no command found in cmd/kubectl-tally/app")
-	cmdRE := regexp.MustCompile(`kubectl[ -]tally ([a-z][a-z-]*)`)
+	root := subcommands(t)
+	require.Contains(t, root, "doctor")
+	cmdRE := regexp.MustCompile(`kubectl[ -]tally ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?`)
 	named := 0
 	for f, snippets := range code(t) {
 		for _, s := range snippets {
 			for _, m := range cmdRE.FindAllStringSubmatch(s, -1) {
 				named++
-				assert.True(t, commands[m[1]], "%s shows `kubectl tally %s`, which is no command of the plugin", f, m[1])
+				if !assert.Contains(t, root, m[1], "%s shows `kubectl tally %s`, which is no command of the plugin", f, m[1]) {
+					continue
+				}
+				if children := subcommands(t, m[1]); len(children) > 0 && m[2] != "" {
+					assert.Contains(t, children, m[2], "%s shows `kubectl tally %s %s`, which is no command of the plugin", f, m[1], m[2])
+				}
 			}
 		}
 	}
 	assert.Greater(t, named, 5)
+}
+
+// subcommands returns the commands the plugin's help lists under the
+// command path (the plugin itself when empty).
+func subcommands(t *testing.T, path ...string) []string {
+	t.Helper()
+	var out bytes.Buffer
+	code := app.Main(append(path, "--help"), genericiooptions.IOStreams{Out: &out, ErrOut: &out})
+	require.Zero(t, code, "kubectl tally %s --help: %s", strings.Join(path, " "), out.String())
+	_, list, found := strings.Cut(out.String(), "Available Commands:\n")
+	if !found {
+		return nil
+	}
+	var names []string
+	for line := range strings.SplitSeq(list, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || !strings.HasPrefix(line, "  ") {
+			break
+		}
+		names = append(names, fields[0])
+	}
+	return names
 }
