@@ -7,9 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"tally.dev/tally/internal/demo"
+	"tally.dev/tally/internal/process"
 )
 
 func main() {
@@ -40,7 +39,7 @@ func main() {
 	flag.StringVar(&opts.ConfigFile, "config", "examples/workerpool/config.yaml", "tally configuration file.")
 	clusterDir := flag.String("cluster", "", "State directory of a one-node cluster (make cluster-up): install the chart and the example operator there and run the scenario on real pods (make demo DEMO_CLUSTER=real).")
 	flag.Parse()
-	ctx, interrupted := interruptible()
+	ctx, interrupted := process.Interruptible()
 	err := run(ctx, opts, *clusterDir)
 	if sig := interrupted(); sig != nil {
 		// Interrupting the demo is normal use: what it started is stopped
@@ -52,26 +51,6 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tally-demo:", err)
 		os.Exit(1)
-	}
-}
-
-// interruptible returns a context canceled on the first SIGINT or SIGTERM,
-// and a func that tells which of them came, if one did. A second signal
-// ends the process at once, as it would without the demo's handling.
-func interruptible() (context.Context, func() os.Signal) {
-	ctx, cancel := context.WithCancel(context.Background())
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
-	var got atomic.Value
-	go func() {
-		sig := <-signals
-		got.Store(sig)
-		signal.Stop(signals)
-		cancel()
-	}()
-	return ctx, func() os.Signal {
-		sig, _ := got.Load().(os.Signal)
-		return sig
 	}
 }
 

@@ -47,10 +47,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -71,6 +69,7 @@ import (
 	"tally.dev/tally/cmd/aggregator/app"
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
@@ -97,7 +96,7 @@ func main() {
 	countsOnly := flag.Bool("counts-only", false, "install: stop once every parent is right, without waiting for the stamps")
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	ctx, interrupted := interruptible()
+	ctx, interrupted := process.Interruptible()
 	err := withControlPlane(ctx, func(ctx context.Context, env *framework.Env) error {
 		switch *scenario {
 		case "counts":
@@ -126,27 +125,6 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
-	}
-}
-
-// interruptible returns a context canceled on the first SIGINT or SIGTERM,
-// and a func that tells which of them came, if one did. A second signal
-// ends the process at once, as it would without the bench's handling
-// (cmd/tally-demo does the same).
-func interruptible() (context.Context, func() os.Signal) {
-	ctx, cancel := context.WithCancel(context.Background())
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
-	var got atomic.Value
-	go func() {
-		sig := <-signals
-		got.Store(sig)
-		signal.Stop(signals)
-		cancel()
-	}()
-	return ctx, func() os.Signal {
-		sig, _ := got.Load().(os.Signal)
-		return sig
 	}
 }
 
