@@ -262,7 +262,7 @@ func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*Pod
 		if _, ok := out[key]; ok {
 			continue
 		}
-		orphaned := !p.Tracked() || !u.scope.Selects(ctx, pod.Namespace) || u.parentGone(readCtx, p, key, pod.Controller.UID)
+		orphaned := !p.Tracked() || !u.scope.Selects(readCtx, pod.Namespace) || u.parentGone(readCtx, p, key, pod.Controller.UID)
 		out[key] = graceOf{runs: orphaned || u.reconciled.has(parentKey{kind: p.GroupKind(), name: key}), orphaned: orphaned}
 	}
 	return out
