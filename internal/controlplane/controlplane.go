@@ -4,12 +4,15 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +31,9 @@ type Env struct {
 	Config *rest.Config
 	// Client is a client built from Config.
 	Client client.Client
+	// certDir holds the API server's certificates, kept across
+	// RestartAPIServer.
+	certDir string
 }
 
 // Options change what Start installs.
@@ -66,7 +72,15 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The API server's certificates live in a folder of this package's,
+	// not one envtest makes and forgets on Stop: a restarted API server
+	// then serves the same certificate, so every client stays valid.
+	certDir, err := os.MkdirTemp("", "tally-apiserver-")
+	if err != nil {
+		return nil, fmt.Errorf("creating the API server's certificate folder: %w", err)
+	}
 	env := &envtest.Environment{
+		ControlPlane:          envtest.ControlPlane{APIServer: &envtest.APIServer{CertDir: certDir}},
 		BinaryAssetsDirectory: dir,
 		CRDInstallOptions: envtest.CRDInstallOptions{
 			Paths:              append([]string{repo.Path("examples", "workerpool", "crd")}, opts.CRDPaths...),
@@ -78,15 +92,70 @@ func Start(opts Options) (*Env, error) {
 		env.ControlPlane.Etcd = &envtest.Etcd{}
 		env.ControlPlane.Etcd.Configure().Set("quota-backend-bytes", strconv.FormatInt(opts.EtcdQuotaBytes, 10))
 	}
+	e := &Env{Environment: env, certDir: certDir}
 	cfg, err := env.Start()
 	if err != nil {
-		return nil, fmt.Errorf("starting control plane: %w", err)
+		return nil, errors.Join(fmt.Errorf("starting control plane: %w", err), os.RemoveAll(certDir))
 	}
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("creating client: %w", err), env.Stop())
+		return nil, errors.Join(fmt.Errorf("creating client: %w", err), e.Stop())
 	}
-	return &Env{Environment: env, Config: cfg, Client: c}, nil
+	e.Config, e.Client = cfg, c
+	return e, nil
+}
+
+// Stop stops the API server and etcd and removes their files.
+func (e *Env) Stop() error {
+	return errors.Join(e.Environment.Stop(), os.RemoveAll(e.certDir))
+}
+
+// RestartAPIServer kills kube-apiserver (SIGKILL: a crash, an OOM kill or
+// a lost machine; its graceful stop takes envtest's whole 20 s timeout),
+// waits down, and starts it again on the same address, with the same
+// certificates and the same etcd: what an API server restart is to its
+// clients (every connection cut, new ones refused meanwhile, every watch to
+// be opened again). It returns once the API server answers its health
+// check again.
+func (e *Env) RestartAPIServer(down time.Duration) error {
+	pid, err := e.apiServerPID()
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("killing kube-apiserver (pid %d): %w", pid, err)
+	}
+	api := e.ControlPlane.GetAPIServer()
+	// Reaps the killed process.
+	if err := api.Stop(); err != nil {
+		return fmt.Errorf("stopping kube-apiserver: %w", err)
+	}
+	time.Sleep(down)
+	if err := api.Start(); err != nil {
+		return fmt.Errorf("starting kube-apiserver again: %w", err)
+	}
+	return nil
+}
+
+// apiServerPID returns the pid of this control plane's kube-apiserver: the
+// one whose --cert-dir is certDir (envtest keeps its process to itself).
+func (e *Env) apiServerPID() (int, error) {
+	want := []byte("--cert-dir=" + e.certDir + "\x00")
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("finding kube-apiserver: %w", err)
+	}
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, want) {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no kube-apiserver runs with --cert-dir=%s", e.certDir)
 }
 
 // Namespace creates a namespace with a generated name and returns its name.
