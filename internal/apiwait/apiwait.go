@@ -4,10 +4,12 @@
 // minute) after a long outage, and neither its shared informers nor
 // controller-runtime's cache let a caller shorten it: the view stays stale
 // for that long after the API server is back. Here a list or watch that the
-// API server does not answer is held and sent again every Poll until it is
-// answered, or its request ends; the reflector sees one slow request instead
-// of a string of failures, so its back-off never grows, and the view is
-// fresh again within Poll of the API server's return.
+// API server does not answer (or, for a while, answers 404 Not Found: a
+// restarted API server serves custom resources a moment after the rest) is
+// held and sent again every Poll until it is answered, or its request ends;
+// the reflector sees one slow request instead of a string of failures, so
+// its back-off never grows, and the view is fresh again within Poll of the
+// API server's return.
 package apiwait
 
 import (
@@ -39,19 +41,41 @@ const Poll = 500 * time.Millisecond
 
 // Hold makes cfg's list and watch requests (GETs) wait for the API server:
 // one refused or cut (a transport error) or answered with 429 or a 5xx is
-// sent again every poll, or after the answer's Retry-After when it says to
-// wait longer (back-pressure, up to MaxRetryAfter). Every other request fails as usual. Give it only to
-// clients whose every GET may wait (a cache's): a write, or a leader
-// election's renewal, must fail fast.
-func Hold(cfg *rest.Config, poll time.Duration) {
+// sent again every poll, or, for a 429, after its Retry-After when it says
+// to wait longer (back-pressure, up to MaxRetryAfter); one answered 404 Not
+// Found is sent again every poll for up to NotFoundHold. Every other
+// request fails as usual. Give it only to clients whose every GET may wait
+// (a cache's): a write, or a leader election's renewal, must fail fast.
+func Hold(cfg *rest.Config, poll time.Duration) { hold(cfg, poll, NotFoundHold) }
+
+// NotFoundHold bounds how long a held list or watch answered 404 Not Found
+// is sent again. An API server that has just started accepts connections
+// before it has read the CRDs, and answers 404 for every custom resource
+// until then: a reflector that took that answer would back off for
+// seconds after the API server serves the resource again. A resource that
+// is really not served gets its 404 after NotFoundHold.
+const NotFoundHold = 30 * time.Second
+
+func hold(cfg *rest.Config, poll, notFoundHold time.Duration) {
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
 			if req.Method != http.MethodGet || req.Body != nil && req.Body != http.NoBody {
 				return rt.RoundTrip(req)
 			}
+			var notFoundSince time.Time
 			for {
 				resp, err := rt.RoundTrip(req)
-				if answered(resp, err) || req.Context().Err() != nil {
+				if req.Context().Err() != nil {
+					return resp, err
+				}
+				if err == nil && resp.StatusCode == http.StatusNotFound {
+					if notFoundSince.IsZero() {
+						notFoundSince = time.Now()
+					}
+					if time.Since(notFoundSince) >= notFoundHold {
+						return resp, err
+					}
+				} else if answered(resp, err) {
 					return resp, err
 				}
 				wait := poll
@@ -77,9 +101,15 @@ func Hold(cfg *rest.Config, poll time.Duration) {
 const MaxRetryAfter = 10 * time.Second
 
 // retryAfter is how long to wait before sending a request the API server
-// refused again: its Retry-After (in seconds, as the API server sends it
-// with 429 and 503), within poll and MaxRetryAfter; poll without one.
+// refused again: a 429's Retry-After (in seconds, as API Priority and
+// Fairness sends it), within poll and MaxRetryAfter; poll otherwise. A
+// 5xx's is not honoured: an API server that is starting answers "not
+// initialized yet" with 503 and Retry-After: 5, and is usually ready well
+// before that.
 func retryAfter(resp *http.Response, poll time.Duration) time.Duration {
+	if resp.StatusCode != http.StatusTooManyRequests {
+		return poll
+	}
 	secs, err := strconv.Atoi(resp.Header.Get("Retry-After"))
 	if err != nil || secs <= 0 {
 		return poll

@@ -59,18 +59,59 @@ func TestHoldWaitsForTheAPIServer(t *testing.T) {
 
 func TestRetryAfter(t *testing.T) {
 	poll := 500 * time.Millisecond
-	for header, want := range map[string]time.Duration{
-		"":     poll,
-		"x":    poll,
-		"0":    poll,
-		"-3":   poll,
-		"2":    2 * time.Second,
-		"3600": MaxRetryAfter,
+	for _, tc := range []struct {
+		status int
+		header string
+		want   time.Duration
+	}{
+		{http.StatusTooManyRequests, "", poll},
+		{http.StatusTooManyRequests, "x", poll},
+		{http.StatusTooManyRequests, "0", poll},
+		{http.StatusTooManyRequests, "-3", poll},
+		{http.StatusTooManyRequests, "2", 2 * time.Second},
+		{http.StatusTooManyRequests, "3600", MaxRetryAfter},
+		// A starting API server's "not initialized yet".
+		{http.StatusServiceUnavailable, "5", poll},
 	} {
-		resp := &http.Response{Header: http.Header{}}
-		if header != "" {
-			resp.Header.Set("Retry-After", header)
+		resp := &http.Response{StatusCode: tc.status, Header: http.Header{}}
+		if tc.header != "" {
+			resp.Header.Set("Retry-After", tc.header)
 		}
-		assert.Equal(t, want, retryAfter(resp, poll), "Retry-After %q", header)
+		assert.Equal(t, tc.want, retryAfter(resp, poll), "%d with Retry-After %q", tc.status, tc.header)
 	}
+}
+
+// TestHoldsANotFoundForAWhile: a list answered 404 (a restarted API server
+// that has not read its CRDs yet) is sent again until it is answered, for
+// up to the bound; past it, the 404 is the answer.
+func TestHoldsANotFoundForAWhile(t *testing.T) {
+	var calls atomic.Int32
+	var served atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) < 4 || !served.Load() {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte("{}"))
+	}))
+	defer srv.Close()
+	cfg := &rest.Config{Host: srv.URL}
+	hold(cfg, 10*time.Millisecond, 500*time.Millisecond)
+	client, err := rest.HTTPClientFor(cfg)
+	require.NoError(t, err)
+
+	served.Store(true)
+	resp, err := client.Get(srv.URL + "/apis/example.tally.dev/v1/workerpools")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, int32(4), calls.Load(), "sent again until served")
+
+	served.Store(false)
+	start := time.Now()
+	resp, err = client.Get(srv.URL + "/apis/example.tally.dev/v1/workerpools")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "a resource not served is not served")
+	assert.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond, "held for the bound")
 }
