@@ -19,8 +19,10 @@ import (
 // revoked permission) would keep every kind's controller from starting,
 // and the backfill from sweeping. Apart, it stalls only itself.
 type parentCaches struct {
-	mgr    manager.Manager
-	byKind sync.Map // schema.GroupKind → cache.Cache
+	mgr manager.Manager
+	// newCache builds each kind's cache; cache.New when nil.
+	newCache cache.NewCacheFunc
+	byKind   sync.Map // schema.GroupKind → cache.Cache
 }
 
 var _ client.Reader = (*parentCaches)(nil)
@@ -28,7 +30,11 @@ var _ client.Reader = (*parentCaches)(nil)
 // add creates and starts (with mgr, on every replica) the cache of gvk's
 // parents.
 func (c *parentCaches) add(gvk schema.GroupVersionKind) (cache.Cache, error) {
-	kc, err := cache.New(c.mgr.GetConfig(), cache.Options{
+	newCache := c.newCache
+	if newCache == nil {
+		newCache = cache.New
+	}
+	kc, err := newCache(c.mgr.GetConfig(), cache.Options{
 		HTTPClient: c.mgr.GetHTTPClient(), Scheme: c.mgr.GetScheme(), Mapper: c.mgr.GetRESTMapper(),
 	})
 	if err != nil {

@@ -3,6 +3,7 @@ package aggregate
 import (
 	"context"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,9 @@ type Reconciler struct {
 	releases *releases
 	// queue is the controller's work queue, once it started.
 	queue atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
+	// lagging holds the parents (types.NamespacedName) whose apply, in the
+	// reconcile under way, met a newer version than their cache showed.
+	lagging sync.Map
 	Deps
 	// The kind's counters, resolved once.
 	reconciledTotal, applied, skipped, failed, conflicts, fenced prometheus.Counter
@@ -49,7 +53,8 @@ type Reconciler struct {
 // Deps are what a Reconciler reads from and writes to.
 type Deps struct {
 	// Parents reads parents from the informer cache; Live from the API
-	// server (when it answers an apply with 404).
+	// server (when the cache lags behind it: an apply answered 409 or
+	// 404).
 	Parents, Live client.Reader
 	// Writer sends the server-side applies.
 	Writer client.Client
@@ -131,9 +136,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.Deps.reconciled.add(key)
 	}
 
+	result, err := r.reconcileFrom(ctx, req, key, r.Parents)
+	if _, lagged := r.lagging.LoadAndDelete(req.NamespacedName); lagged && r.Live != nil {
+		// The parent's cache lags behind the API server (after an outage
+		// its watch may come back seconds after the pods'): count again
+		// at once on the parent as the API server has it, rather than
+		// meet the same conflict until the cache catches up. A second
+		// conflict is a writer racing this one, retried after
+		// conflictRequeue.
+		result, err = r.reconcileFrom(ctx, req, key, r.Live)
+		r.lagging.Delete(req.NamespacedName)
+	}
+	return result, err
+}
+
+// reconcileFrom reconciles the parent req names, read from parents.
+func (r *Reconciler) reconcileFrom(ctx context.Context, req reconcile.Request, key parentKey, parents client.Reader) (reconcile.Result, error) {
 	parent := &unstructured.Unstructured{}
 	parent.SetGroupVersionKind(r.gvk)
-	if err := r.Parents.Get(ctx, req.NamespacedName, parent); err != nil {
+	if err := parents.Get(ctx, req.NamespacedName, parent); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return reconcile.Result{}, err
 		}

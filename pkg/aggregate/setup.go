@@ -78,6 +78,13 @@ type Options struct {
 	// the aggregator tracks: the webhook registration's namespaceSelector.
 	// Nil selects every one.
 	Namespaces labels.Selector
+	// NewCache builds each parent kind's cache; cache.New when nil. Give
+	// it the manager's NewCache, so that the parents' views come back
+	// from an API server outage as fast as the pod view: the status
+	// applies carry the cached parent's resourceVersion, and each is
+	// answered 409 Conflict while the parent's cache lags behind the
+	// writes before it.
+	NewCache cache.NewCacheFunc
 }
 
 // Setup adds the pod index, the backfill sweep and one controller per
@@ -109,7 +116,7 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 		return fmt.Errorf("creating discovery client: %w", err)
 	}
 
-	parentCache := &parentCaches{mgr: mgr}
+	parentCache := &parentCaches{mgr: mgr, newCache: opts.NewCache}
 	var checker mutate.OwnerChecker
 	if opts.VerifyOwner {
 		checker = mutate.NewReaderOwnerChecker(parents, parentCache, newParent, mgr.GetAPIReader())

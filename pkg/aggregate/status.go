@@ -141,9 +141,12 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		}
 		return reconcile.Result{}, nil
 	case apierrors.IsConflict(err):
-		// The parent changed since the cache showed it: count again on the
-		// version the cache is about to receive.
+		// The parent changed since it was read: Reconcile counts again on
+		// the parent read from the API server, and a conflict there too
+		// comes back after conflictRequeue (its watch event usually
+		// brings it back sooner).
 		r.conflicts.Inc()
+		r.lagging.Store(key, struct{}{})
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	case apierrors.IsNotFound(err):
 		return reconcile.Result{}, r.notFound(ctx, parent, err)

@@ -184,7 +184,7 @@ func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, o
 	}
 	aggOpts := aggregate.Options{
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles, BackfillInterval: opts.BackfillInterval, VerifyOwner: cfg.VerifyOwner,
-		TrackingGrace: opts.TrackingGrace, Namespaces: cfg.Namespaces(),
+		TrackingGrace: opts.TrackingGrace, Namespaces: cfg.Namespaces(), NewCache: mgrOpts.NewCache,
 		// Never from a pod view known to be stale: a parent event while the
 		// pod watch is broken would be counted from pods that moved since.
 		MayWrite: watch.fresh,
