@@ -293,8 +293,10 @@ func (s *alertSuite) record(t *testing.T) func() {
 
 // scraped waits until Prometheus scrapes every replica of both components
 // and the API server, through secure metrics and the metrics reader's
-// binding, and has evaluated the rules since: the start of the healthy
-// window.
+// binding, has evaluated the rules since, and shows no alert pending or
+// firing: the start of the healthy window. (Before the first scrapes, the
+// alerts that look for a sign of life find none and go pending; they are
+// inactive again at an evaluation or two after them.)
 func (s *alertSuite) scraped(ctx context.Context, t *testing.T) time.Time {
 	var last string
 	ok := poll(2*time.Minute, func() bool {
@@ -323,6 +325,14 @@ func (s *alertSuite) scraped(ctx context.Context, t *testing.T) time.Time {
 		return err == nil && len(groups) == 1 && groups[0].LastEvaluation.After(allUp)
 	})
 	require.True(t, ok, "the rules were not evaluated after the first scrapes")
+	var active []alert
+	ok = poll(time.Minute, func() bool {
+		alerts, err := s.prom.alerts(ctx)
+		active = alerts
+		return err == nil && len(alerts) == 0
+	})
+	require.True(t, ok, "alerts still pending or firing a minute after the first scrapes and their evaluation:\n  %s", describe(active))
+	t.Logf("no alert pending or firing %s after every target was up", time.Since(allUp).Round(time.Second))
 	return time.Now()
 }
 
