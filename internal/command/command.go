@@ -22,9 +22,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"tally.dev/tally/internal/replicas"
 	"tally.dev/tally/internal/version"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/replicas"
 )
 
 // Common are the flags both binaries take.

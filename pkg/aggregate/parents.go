@@ -10,6 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"tally.dev/tally/pkg/replicas"
 )
 
 // parentCaches holds one informer cache per served parent kind, apart from
@@ -40,7 +42,9 @@ func (c *parentCaches) add(gvk schema.GroupVersionKind) (cache.Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the cache of %s: %w", gvk.GroupKind(), err)
 	}
-	if err := c.mgr.Add(kindCache{cache: kc}); err != nil {
+	// On every replica, in the manager's group that waits for nothing:
+	// the manager's start does not wait for it.
+	if err := c.mgr.Add(replicas.Every(kc.Start)); err != nil {
 		return nil, err
 	}
 	c.byKind.Store(gvk.GroupKind(), kc)
@@ -83,12 +87,3 @@ func (c *parentCaches) List(ctx context.Context, list client.ObjectList, opts ..
 	}
 	return kc.List(ctx, list, opts...)
 }
-
-// kindCache runs a parent kind's cache on every replica, in the manager's
-// group that waits for nothing: the manager's start does not wait for it.
-type kindCache struct{ cache cache.Cache }
-
-func (k kindCache) Start(ctx context.Context) error { return k.cache.Start(ctx) }
-
-// NeedLeaderElection reports that every replica runs it.
-func (kindCache) NeedLeaderElection() bool { return false }

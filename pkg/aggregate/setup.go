@@ -31,10 +31,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	"tally.dev/tally/internal/replicas"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/pkg/replicas"
 	"tally.dev/tally/pkg/servable"
 )
 
