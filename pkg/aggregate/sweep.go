@@ -1,0 +1,203 @@
+package aggregate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
+)
+
+// sweep is the state of one Sweep.
+type sweep struct {
+	*Backfill
+	seen, unstamped, stamped int
+	// released holds the pods whose tracking finalizer the sweep removed
+	// (their kind keeps no totals), by controller.
+	released map[types.UID]*releasedPods
+	// inScope reports whether the pods of a namespace are stamped.
+	inScope func(ns string) bool
+}
+
+func (s *sweep) run(ctx context.Context, read func()) error {
+	if s.mayWrite != nil && !s.mayWrite() {
+		return errors.New("this replica's leader lease may have passed to another replica")
+	}
+	var err error
+	if s.inScope, err = s.scope(ctx); err != nil {
+		return err
+	}
+	found, patches, err := s.read(ctx)
+	if err != nil {
+		return err
+	}
+	s.Unstamped.replace(found)
+	if read != nil {
+		read()
+	}
+
+	if patches {
+		if err := s.stampUnlabelled(ctx); err != nil {
+			return err
+		}
+	}
+
+	misstamped, err := s.pods.ByIndex(MisstampedIndex, misstampedValue)
+	if err != nil {
+		return fmt.Errorf("listing misstamped pods: %w", err)
+	}
+	for _, obj := range misstamped {
+		if ctx.Err() != nil {
+			break
+		}
+		cached, ok := obj.(*Pod)
+		if !ok || !s.inScope(cached.Namespace) {
+			continue
+		}
+		pod := podMeta(cached.Namespace, cached.Name)
+		if err := s.reader.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			if !apierrors.IsNotFound(err) {
+				s.report(pod, fmt.Sprintf("reading the pod: %v", err))
+			}
+			continue
+		}
+		s.stamp(ctx, pod, "")
+	}
+	return ctx.Err()
+}
+
+// stampUnlabelled lists the unlabelled pods again and stamps those in scope,
+// each decided again on what it is now; then it forgets the pods read that
+// are no longer unlabelled and not cached: gone (or stamped by someone
+// else, which the cache shows soon).
+func (s *sweep) stampUnlabelled(ctx context.Context) error {
+	listed := map[string]bool{}
+	err := eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
+		key := pod.Namespace + "/" + pod.Name
+		listed[key] = true
+		if s.inScope(pod.Namespace) {
+			s.stamp(ctx, pod, key)
+		}
+		return ctx.Err()
+	})
+	if err != nil {
+		return err
+	}
+	for _, key := range s.Unstamped.Keys() {
+		if !listed[key] {
+			if _, exists, err := s.pods.GetByKey(key); err == nil && !exists {
+				s.Unstamped.Forget(key, true)
+			}
+		}
+	}
+	return nil
+}
+
+// scope returns whether the pods of a namespace are to be stamped, from the
+// namespaces the API server lists now.
+func (s *sweep) scope(ctx context.Context) (func(string) bool, error) {
+	if s.Namespaces == nil || s.Namespaces.Empty() {
+		return func(string) bool { return true }, nil
+	}
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
+	if err := s.reader.List(ctx, list); err != nil {
+		return nil, fmt.Errorf("listing namespaces (the sweep stamps only the pods of those the webhook's namespaceSelector selects): %w", err)
+	}
+	selected := make(map[string]bool, len(list.Items))
+	for i := range list.Items {
+		ns := &list.Items[i]
+		// As the API server matches a namespaceSelector: the namespace's
+		// labels, which always include kubernetes.io/metadata.name.
+		if s.Namespaces.Matches(labels.Set(ns.Labels)) {
+			selected[ns.Name] = true
+		}
+	}
+	return func(ns string) bool { return selected[ns] }, nil
+}
+
+// read returns, by pod key, the unlabelled pods in scope that the webhook's
+// rules stamp, as Unstamped holds them: reduced as the cache reduces pods,
+// under the parent their stamp names; and whether any unlabelled pod in
+// scope needs a patch at all. A pod's phase is not in its metadata: when
+// there are pods to hold, the terminal ones are found by listing each
+// terminal phase.
+func (s *sweep) read(ctx context.Context) (map[string]*Pod, bool, error) {
+	found := map[string]*Pod{}
+	patches := false
+	err := eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
+		if !s.inScope(pod.Namespace) {
+			return nil
+		}
+		s.seen++
+		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
+		d := s.rules.Decide(ctx, mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, Now: time.Now()})
+		patches = patches || len(d.Patch) > 0 || len(s.untrack(pod)) > 0 || d.Denied != "" || d.Unavailable != ""
+		if d.Denied != "" || d.Unavailable != "" || d.Parent.UID == "" {
+			return nil
+		}
+		parent := types.UID(intern(string(d.Parent.UID)))
+		p := &Pod{
+			Meta:       Meta{Name: pod.Name, Namespace: intern(pod.Namespace), UID: pod.UID, DeletionTimestamp: pod.DeletionTimestamp},
+			ParentUID:  parent,
+			Controller: Controller{Kind: d.Parent.GroupKind, Name: intern(d.Parent.Name), UID: parent},
+		}
+		_, p.Intent = pod.Annotations[keys.CompletionIntent]
+		found[pod.Namespace+"/"+pod.Name] = p
+		return ctx.Err()
+	})
+	if err != nil || len(found) == 0 {
+		return found, patches, err
+	}
+	for _, phase := range []corev1.PodPhase{corev1.PodSucceeded, corev1.PodFailed} {
+		err := eachUnlabelled(ctx, s.reader, "status.phase="+string(phase), func(pod *metav1.PartialObjectMetadata) error {
+			if p, ok := found[pod.Namespace+"/"+pod.Name]; ok && p.UID == pod.UID {
+				p.Phase = phase
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	return found, patches, nil
+}
+
+// eachUnlabelled calls fn for each pod without the keys.ParentUID label
+// matching fieldSelector ("" for all), listing metadata a page at a time.
+func eachUnlabelled(ctx context.Context, reader client.Reader, fieldSelector string, fn func(*metav1.PartialObjectMetadata) error) error {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(podListGVK)
+	opts := []client.ListOption{client.MatchingLabelsSelector{Selector: unlabelled}, client.Limit(BackfillPageSize)}
+	if fieldSelector != "" {
+		sel, err := fields.ParseSelector(fieldSelector)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, client.MatchingFieldsSelector{Selector: sel})
+	}
+	for n := len(opts); ; {
+		if err := reader.List(ctx, list, opts...); err != nil {
+			return fmt.Errorf("listing pods without %s: %w", keys.ParentUID, err)
+		}
+		for i := range list.Items {
+			if err := fn(&list.Items[i]); err != nil {
+				return err
+			}
+		}
+		if list.Continue == "" {
+			return nil
+		}
+		opts = append(opts[:n], client.Continue(list.Continue))
+	}
+}
