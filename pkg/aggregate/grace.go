@@ -1,0 +1,96 @@
+package aggregate
+
+import (
+	"context"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+
+	"tally.dev/tally/pkg/config"
+)
+
+// graceOf is what a pass knows of a parent of held pods: whether their
+// grace runs, and whether no reconcile would record them (they are
+// released uncounted, not lost, when it runs out).
+type graceOf struct{ runs, orphaned bool }
+
+// parentOf names pod's parent.
+func parentOf(pod *Pod) types.NamespacedName {
+	return types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}
+}
+
+// graceRuns returns, for each parent of held, pods of kind p, whether their
+// grace runs in this pass (this replica writing, the gate able to tell):
+// once the parent was reconciled while this replica may write, or at once
+// when no reconcile would record them.
+func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*Pod) map[types.NamespacedName]graceOf {
+	out := map[types.NamespacedName]graceOf{}
+	// One budget for the pass's cache reads: a kind whose informer has not
+	// synced is read no longer than that, and its pods' grace waits.
+	readCtx, cancel := context.WithTimeout(ctx, parentReadWait)
+	defer cancel()
+	for _, pod := range held {
+		key := parentOf(pod)
+		if _, ok := out[key]; ok {
+			continue
+		}
+		orphaned := !p.Tracked() || !u.scope.Selects(readCtx, pod.Namespace) || u.parentGone(readCtx, p, key, pod.Controller.UID)
+		out[key] = graceOf{runs: orphaned || u.reconciled.has(parentKey{kind: p.GroupKind(), name: key}), orphaned: orphaned}
+	}
+	return out
+}
+
+// parentGone reports whether the cache shows that the parent of kind p
+// named key with UID uid does not exist (none, or another under its name).
+func (u *Unrecorded) parentGone(ctx context.Context, p config.Parent, key types.NamespacedName, uid types.UID) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	// Unstructured, as the reconcilers read it: the informer they share.
+	parent := &unstructured.Unstructured{}
+	parent.SetGroupVersionKind(p.GroupVersionKind())
+	switch err := u.parents.Get(ctx, key, parent); {
+	case apierrors.IsNotFound(err):
+		return true
+	case err != nil:
+		return false
+	}
+	return parent.GetUID() != uid
+}
+
+// reportHeld sets the held-pod gauges of kind from held.
+func reportHeld(kind schema.GroupKind, held map[types.UID]heldPod, now time.Time) {
+	var oldest time.Duration
+	for _, h := range held {
+		oldest = max(oldest, now.Sub(h.seen))
+	}
+	heldPods.WithLabelValues(kind.String()).Set(float64(len(held)))
+	oldestHeldPod.WithLabelValues(kind.String()).Set(oldest.Seconds())
+}
+
+// overdue returns what is known of each held pod after this pass — a pod
+// not seen before is seen now, with none of its grace used; one seen
+// before adds elapsed to the grace it used when its grace runs now (runs)
+// — and the pods that have used all of it. Pods no longer held are
+// forgotten.
+func overdue(held []*Pod, before map[types.UID]heldPod, now time.Time, elapsed, grace time.Duration, runs func(*Pod) bool) (map[types.UID]heldPod, []*Pod) {
+	known := make(map[types.UID]heldPod, len(held))
+	var expired []*Pod
+	for _, pod := range held {
+		h, seen := before[pod.UID]
+		switch {
+		case !seen:
+			h = heldPod{seen: now}
+		case runs(pod):
+			h.used += elapsed
+		}
+		known[pod.UID] = h
+		if h.used >= grace {
+			expired = append(expired, pod)
+		}
+	}
+	return known, expired
+}
