@@ -34,7 +34,7 @@ var (
 	}, []string{"kind"})
 	appliesFenced = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_applies_fenced_total",
-		Help: "Applies not sent because this replica's leader lease may have passed to another replica, or its pod view is known to be stale (the pod watch broken), by parent kind.",
+		Help: "Reconciles and applies held back because this replica's leader lease may have passed to another replica, or its pod view is known to be stale (the pod watch broken) or stopped being fresh since the count, by parent kind.",
 	}, []string{"kind"})
 	kindProblems = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tally_aggregator_parent_kind_problems",

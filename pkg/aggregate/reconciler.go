@@ -67,9 +67,13 @@ type Deps struct {
 	// yet; nil when none.
 	Unstamped *Unstamped
 	// MayWrite, when set, tells whether this replica may still write (it
-	// holds the leader lease); a parent is not written while it says no.
+	// holds the leader lease, and its pod view is not known to be stale);
+	// a parent is neither counted nor written while it says no.
 	MayWrite func() bool
-	Recorder events.EventRecorder
+	// ViewEpoch, when set, changes whenever the pod view stops being
+	// fresh: a count is written only in the epoch it was taken in.
+	ViewEpoch func() uint64
+	Recorder  events.EventRecorder
 	// Totals, for a kind with totals, tells whether the API server serves
 	// them (servable.Gate); while it does not, the counts are kept, the
 	// totals left as they are, and the pods' finalizers released by
@@ -136,6 +140,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.Deps.reconciled.add(key)
 	}
 
+	// The view the counts are taken from: fresh now, and still the same
+	// (not broken since, however briefly) when they are written (apply).
+	epoch := r.viewEpoch()
+	if !r.mayWrite() {
+		// Nothing is counted from a view known to be stale: the parent
+		// comes back once this replica may write.
+		r.fenced.Inc()
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	}
+	ctx = context.WithValue(ctx, viewKey{}, epoch)
 	result, err := r.reconcileFrom(ctx, req, key, r.Parents)
 	if _, lagged := r.lagging.LoadAndDelete(req.NamespacedName); lagged && r.Live != nil {
 		// The parent's cache lags behind the API server (after an outage
@@ -218,3 +232,21 @@ func (r *Reconciler) untracked(pods []*Pod) []*Pod {
 }
 
 func (r *Reconciler) mayWrite() bool { return r.MayWrite == nil || r.MayWrite() }
+
+func (r *Reconciler) viewEpoch() uint64 {
+	if r.ViewEpoch == nil {
+		return 0
+	}
+	return r.ViewEpoch()
+}
+
+// viewKey keys, in a reconcile's context, the view epoch its counts were
+// taken in.
+type viewKey struct{}
+
+// sameView reports whether the pod view is still in the epoch ctx's counts
+// were taken in.
+func (r *Reconciler) sameView(ctx context.Context) bool {
+	epoch, ok := ctx.Value(viewKey{}).(uint64)
+	return !ok || r.viewEpoch() == epoch
+}

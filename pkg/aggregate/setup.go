@@ -71,6 +71,9 @@ type Options struct {
 	// MayWrite, when set, tells whether this replica may still write: with
 	// leader election, whether it surely still holds the lease.
 	MayWrite func() bool
+	// ViewEpoch, when set, changes whenever the pod view stops being fresh
+	// (Deps.ViewEpoch).
+	ViewEpoch func() uint64
 	// TrackingGrace is how long a finished pod of a kind with totals may
 	// wait to be recorded before it is released uncounted (lost).
 	TrackingGrace time.Duration
@@ -239,7 +242,7 @@ func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
 	}
 	r := NewReconciler(p, Deps{
 		Parents: k.parents, Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
-		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite,
+		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite, ViewEpoch: k.opts.ViewEpoch,
 		Recorder: k.recorder, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, recording: k.recording, observed: k.observed,
 	})
 	b := ctrl.NewControllerManagedBy(k.mgr).

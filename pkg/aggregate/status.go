@@ -104,9 +104,10 @@ const conflictRequeue = time.Second
 // it.) On success parent takes the new resourceVersion, so that a second
 // apply in the same reconcile holds the same precondition.
 func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, values map[string]any, manager string) (reconcile.Result, error) {
-	if !r.mayWrite() {
-		// A deposed leader that has not noticed yet: the new leader
-		// writes.
+	if !r.mayWrite() || !r.sameView(ctx) {
+		// A deposed leader that has not noticed yet (the new leader
+		// writes), or a pod view that broke since the values were
+		// counted: they are counted again.
 		r.fenced.Inc()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -338,4 +339,81 @@ func TestClusterScopedParentKindIsRefused(t *testing.T) {
 		app.Options{MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 1})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "parents[1] (late.tally.dev/v1, Kind=GlobalPool): the kind is cluster-scoped")
+}
+
+// viewAfterCount is a pod indexer whose reads, once done, run then: the
+// pod view changes between the count and the write.
+type viewAfterCount struct {
+	toolscache.Indexer
+	then func()
+}
+
+func (v viewAfterCount) ByIndex(index, value string) ([]any, error) {
+	defer v.then()
+	return v.Indexer.ByIndex(index, value)
+}
+
+// TestNoWriteFromAViewThatWasStale: counts are written only from a pod view
+// that was fresh when they were taken and has not broken since. A view that
+// becomes fresh only after the count, or that breaks and recovers between
+// the count and the write, writes nothing; the next reconcile, on an
+// unbroken fresh view, writes.
+func TestNoWriteFromAViewThatWasStale(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// fresh and epoch are the view before the count; then changes
+		// them after it.
+		fresh bool
+		then  func(fresh *atomic.Bool, epoch *atomic.Uint64)
+	}{
+		{"stale when counted, fresh when written", false, func(fresh *atomic.Bool, _ *atomic.Uint64) { fresh.Store(true) }},
+		{"broken and recovered between the count and the write", true, func(_ *atomic.Bool, epoch *atomic.Uint64) { epoch.Add(1) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			ns := newNamespace(t)
+			pool := operator.Pool(ns, "pool", 0)
+			require.NoError(t, env.Client.Create(ctx, pool))
+			reducer := aggregate.NewReducer([]config.Parent{workerPools})
+			indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+			for _, p := range mixedPods(operator.GVK, ns, "pool", pool.GetUID(), 5) {
+				require.NoError(t, indexer.Add(reducer.Pod(p)))
+			}
+			var fresh atomic.Bool
+			var epoch atomic.Uint64
+			fresh.Store(tc.fresh)
+			changed := false
+			r := aggregate.NewReconciler(workerPools, aggregate.Deps{
+				Parents: env.Client, Live: env.Client, Writer: env.Client,
+				Pods: viewAfterCount{Indexer: indexer, then: func() {
+					if !changed {
+						changed = true
+						tc.then(&fresh, &epoch)
+					}
+				}},
+				Backfilled: func(context.Context) error { return nil }, Recorder: events.NewFakeRecorder(10),
+				MayWrite: fresh.Load, ViewEpoch: epoch.Load,
+			})
+			req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)}
+			result, err := r.Reconcile(ctx, req)
+			require.NoError(t, err)
+			assert.NotZero(t, result.RequeueAfter, "the parent is not counted again")
+			got := &unstructured.Unstructured{}
+			got.SetGroupVersionKind(operator.GVK)
+			require.NoError(t, env.Client.Get(ctx, req.NamespacedName, got))
+			_, found, _ := unstructured.NestedMap(got.Object, "status")
+			assert.False(t, found, "counts taken from a view that was not fresh all along were written: %v", got.Object["status"])
+
+			if !changed {
+				// Nothing was counted from the stale view.
+				changed = true
+				tc.then(&fresh, &epoch)
+			}
+			_, err = r.Reconcile(ctx, req)
+			require.NoError(t, err)
+			require.NoError(t, env.Client.Get(ctx, req.NamespacedName, got))
+			_, found, _ = unstructured.NestedMap(got.Object, "status")
+			assert.True(t, found, "nothing written from a fresh, unbroken view")
+		})
+	}
 }

@@ -773,6 +773,10 @@ func TestAParentCacheBehindIsReadLive(t *testing.T) {
 		require.Eventually(t, func() bool { return completing(t, ns) == int64(i+1) }, 5*time.Second, 20*time.Millisecond,
 			"pod %d's intent not counted while the parent cache lags", i+1)
 	}
-	assert.LessOrEqual(t, counter(t, "tally_aggregator_apply_conflicts_total")-conflicts, 3.0, "one 409 for each write after the first")
+	// One 409 for each pod marked at most (the first too, when the cache
+	// had not received the pool's first write when its watch broke).
+	conflicted := counter(t, "tally_aggregator_apply_conflicts_total") - conflicts
+	t.Logf("4 pods marked while the parent cache lagged: %v conflicts", conflicted)
+	assert.LessOrEqual(t, conflicted, 4.0, "409 answers")
 	breaker.set(false)
 }

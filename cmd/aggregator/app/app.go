@@ -187,7 +187,7 @@ func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, o
 		TrackingGrace: opts.TrackingGrace, Namespaces: cfg.Namespaces(), NewCache: mgrOpts.NewCache,
 		// Never from a pod view known to be stale: a parent event while the
 		// pod watch is broken would be counted from pods that moved since.
-		MayWrite: watch.fresh,
+		MayWrite: watch.fresh, ViewEpoch: watch.viewEpoch,
 	}
 	if opts.LeaderElect {
 		lock, err := newFencedLock(restCfg, opts.LeaderElectionNamespace, opts.LeaderElectionID, identity)

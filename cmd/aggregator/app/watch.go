@@ -65,6 +65,9 @@ type watchMonitor struct {
 	// that stays closed is counted as broken (brokenAt).
 	between     bool
 	endedStream int
+	// epoch counts the times the view stopped being fresh (a break, or a
+	// watch ended): a count taken in one epoch is not written in another.
+	epoch uint64
 }
 
 // podInformer is what the monitor reads of the pod informer: the
@@ -164,6 +167,9 @@ func (m *watchMonitor) watchStream(req *http.Request, body io.ReadCloser, resume
 			endedAt := time.Now()
 			m.mu.Lock()
 			if stream == m.stream {
+				if !m.between {
+					m.epoch++
+				}
 				m.between, m.endedStream = true, stream
 			}
 			m.mu.Unlock()
@@ -213,6 +219,7 @@ func (m *watchMonitor) brokenAt(t time.Time, reason string) {
 	if !m.brokenSince.IsZero() {
 		return
 	}
+	m.epoch++
 	m.brokenSince = t
 	m.log.Info("Pod watch interrupted: counts may be stale until it recovers", "reason", reason)
 }
@@ -231,6 +238,15 @@ func (m *watchMonitor) isThrottled() bool {
 func (m *watchMonitor) fresh() bool {
 	stale, between := m.check()
 	return stale == 0 && !between
+}
+
+// viewEpoch returns the number of times the pod view stopped being fresh:
+// counts taken while it returns one value were taken from one unbroken
+// view.
+func (m *watchMonitor) viewEpoch() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.epoch
 }
 
 // stale returns how long the pod view has been stale: since the pod watch

@@ -103,8 +103,11 @@ func TestFreshMeansDelivered(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			watch, inf, get := monitoredAPI(t, nil)
 			require.True(t, watch.fresh())
+			epoch := watch.viewEpoch()
 			watch.broken("cut by the test")
+			watch.broken("cut again")
 			require.False(t, watch.fresh())
+			assert.Equal(t, epoch+1, watch.viewEpoch(), "one break, one new epoch")
 
 			resp := get(tt.query)
 			defer resp.Body.Close()
@@ -118,6 +121,7 @@ func TestFreshMeansDelivered(t *testing.T) {
 				inf.set(s.synced, s.stored)
 				assert.Equal(t, s.fresh, watch.fresh(), "synced %s, stored %s", s.synced, s.stored)
 			}
+			assert.Equal(t, epoch+1, watch.viewEpoch(), "fresh again in the epoch of the break")
 		})
 	}
 }
@@ -172,10 +176,12 @@ func TestNothingWrittenBetweenWatches(t *testing.T) {
 
 	first := get(resumed)
 	require.True(t, watch.fresh())
+	epoch := watch.viewEpoch()
 	close(end) // the server ends its watches
 	_, _ = io.ReadAll(first.Body)
 	first.Body.Close()
 	assert.False(t, watch.fresh(), "fresh with no watch open")
+	assert.Equal(t, epoch+1, watch.viewEpoch(), "a count from before the gap is not written after it")
 	assert.Zero(t, watch.stale(), "a watch that ended is not broken before it stays closed")
 
 	inf.set("12", "10")
