@@ -410,6 +410,12 @@ fuzz: ## Fuzz the webhook's request path for FUZZ_TIME (default 30s) per target.
 DURATION ?= 10m
 SEED ?=
 
+.PHONY: robustness
+robustness: $(TEST_TOOLS) ## Two aggregator replicas under seeded random faults (cuts, broken and throttled pod watches, stops, kube-apiserver restarts) over a churn of pods, the invariants checked on what the API server recorded: seeds one after another for DURATION (default 10m); SEED=n replays one.
+	@echo ">> the robustness suite $(if $(SEED),on seed $(SEED),for $(DURATION))"
+	TALLY_ROBUSTNESS_SEED=$(SEED) TALLY_ROBUSTNESS_DURATION=$(if $(SEED),,$(DURATION)) \
+		go test ./test/robustness -run '^TestRobustness$$' -count=1 -v -timeout 24h
+
 .PHONY: fuzz-e2e
 fuzz-e2e: $(TEST_TOOLS) test-binaries ## Fuzz the pod metadata contract end to end for DURATION (default 10m) against a real API server; SEED=n replays one sequence.
 	@echo ">> the contract fuzzer $(if $(SEED),on seed $(SEED),for $(DURATION))"

@@ -1,0 +1,614 @@
+// Package robustness runs two aggregator replicas (leader election, a kind
+// with totals) under a seeded random schedule of faults over a seeded
+// churn of pods, on a real API server, and checks the specification's
+// invariants on what the API server recorded: every status the pools took,
+// as watched, and the pods at the end. The faults: a replica cut off from
+// the API server, its pod watch broken, its pod lists and watches
+// throttled (429), the replica stopped and started again, kube-apiserver
+// killed and started again. A failing seed prints its schedule; `make
+// robustness SEED=n` runs it again, `make robustness DURATION=2h` runs
+// seeds one after another for that long.
+package robustness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/repo"
+	"tally.dev/tally/internal/truth"
+	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
+)
+
+var (
+	env  *framework.Env
+	logs syncBuffer
+)
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(&logs)))
+	os.Exit(framework.Main(m, controlplane.Options{}, &env))
+}
+
+// The run's shape: how long faults and churn last, how many pools, and the
+// bound within which, once both stop, every invariant must hold.
+const (
+	runFor = 40 * time.Second
+	pools  = 3
+	// settleBound is the stated bound: after the last fault, every pool's
+	// counts equal a fresh List, its totals the pods that finished, its
+	// ledger is empty and no pod keeps the tracking finalizer.
+	settleBound = 60 * time.Second
+)
+
+// TestRobustness runs one seed ($TALLY_ROBUSTNESS_SEED), or random seeds
+// one after another for $TALLY_ROBUSTNESS_DURATION (one seed when unset).
+func TestRobustness(t *testing.T) {
+	framework.Long(t)
+	cfg, err := config.Load(repo.Path("examples", "workerpool", "config.yaml"))
+	require.NoError(t, err)
+	if s := os.Getenv("TALLY_ROBUSTNESS_SEED"); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		require.NoError(t, err, "TALLY_ROBUSTNESS_SEED")
+		runSeed(t, cfg, seed)
+		return
+	}
+	budget := time.Duration(0)
+	if d := os.Getenv("TALLY_ROBUSTNESS_DURATION"); d != "" {
+		budget, err = time.ParseDuration(d)
+		require.NoError(t, err, "TALLY_ROBUSTNESS_DURATION")
+	}
+	start := time.Now()
+	for n := 0; n == 0 || time.Since(start) < budget; n++ {
+		if !runSeed(t, cfg, rand.Uint64()) {
+			return
+		}
+	}
+}
+
+// runSeed runs one seed as a subtest and reports whether it passed.
+func runSeed(t *testing.T, cfg *config.Config, seed uint64) bool {
+	return t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) {
+		logs.Reset()
+		r := newRun(t, cfg, seed)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("seed %d failed; run it again with: make robustness SEED=%d\nschedule:\n%s\naggregator log (end):\n%s",
+					seed, seed, strings.Join(r.schedule(), "\n"), logs.Tail(60))
+			}
+		})
+		r.churnAndFaults(t)
+		r.check(t)
+	})
+}
+
+// run is one seed's world: its pools, its two replicas, what was done.
+type run struct {
+	seed     uint64
+	ns       string
+	uids     map[string]types.UID
+	replicas [2]*replica
+	history  *history
+	lost     float64
+
+	mu    sync.Mutex
+	lines []string
+	start time.Time
+	// live holds the pods not yet finished, by pool; want the totals each
+	// pool must end with.
+	live map[string][]*corev1.Pod
+	want map[string][2]int64
+}
+
+func newRun(t *testing.T, cfg *config.Config, seed uint64) *run {
+	ctx := context.Background()
+	ns, err := env.Namespace(ctx, "robustness")
+	require.NoError(t, err)
+	r := &run{seed: seed, ns: ns, uids: map[string]types.UID{}, live: map[string][]*corev1.Pod{}, want: map[string][2]int64{}, start: time.Now()}
+	for i := range pools {
+		pool := operator.Pool(ns, fmt.Sprintf("pool-%d", i), 0)
+		require.NoError(t, env.Client.Create(ctx, pool))
+		r.uids[pool.GetName()] = pool.GetUID()
+	}
+	r.history = watchPools(t, ns)
+	r.lost = counter(t, "tally_aggregator_tracking_lost_pods_total")
+	for i := range r.replicas {
+		r.replicas[i] = newReplica(t, cfg, ns)
+		r.replicas[i].start()
+	}
+	t.Cleanup(func() {
+		for _, rep := range r.replicas {
+			rep.stop()
+		}
+	})
+	return r
+}
+
+// note adds a line to the schedule.
+func (r *run) note(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lines = append(r.lines, fmt.Sprintf("%6.1fs ", time.Since(r.start).Seconds())+fmt.Sprintf(format, args...))
+}
+
+func (r *run) schedule() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.lines...)
+}
+
+// churnAndFaults runs the churn and the faults, each from its own stream of
+// the seed, for runFor, then ends every pod still live.
+func (r *run) churnAndFaults(t *testing.T) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { r.churn(t, rand.New(rand.NewPCG(r.seed, 1)), done) })
+	wg.Go(func() { r.faults(t, rand.New(rand.NewPCG(r.seed, 2)), done) })
+	time.Sleep(runFor)
+	close(done)
+	wg.Wait()
+	r.note("faults and churn over; every live pod deleted")
+	for pool, pods := range r.live {
+		for _, p := range pods {
+			r.finish(t, pool, p, "delete", false)
+		}
+	}
+}
+
+// churn creates pods in the pools, marks some for completion and finishes
+// them (Succeeded, Failed, deleted) until done.
+func (r *run) churn(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
+	n := 0
+	for {
+		select {
+		case <-done:
+			return
+		case <-time.After(time.Duration(20+rng.IntN(60)) * time.Millisecond):
+		}
+		pool := fmt.Sprintf("pool-%d", rng.IntN(pools))
+		live := r.live[pool]
+		switch op := rng.IntN(10); {
+		case op < 4 || len(live) == 0:
+			n++
+			pod := builder.Pod(r.ns, fmt.Sprintf("%s-%d", pool, n)).ControlledBy(operator.GVK, pool, r.uids[pool]).
+				Label(keys.ParentUID, string(r.uids[pool])).Label(keys.ParentName, pool).
+				Annotation(keys.Parent, operator.GVK.Kind+"."+operator.GVK.Group+"/"+pool).
+				Finalizer(keys.TrackingFinalizer).Build() // as the webhook stamps it
+			if r.retry(t, "create "+pod.Name, func(ctx context.Context) error { return env.Client.Create(ctx, pod) },
+				func(ctx context.Context) (bool, error) { return r.exists(ctx, pod) }) {
+				r.live[pool] = append(live, pod)
+			}
+		default:
+			i := rng.IntN(len(live))
+			pod := live[i]
+			intent := rng.IntN(2) == 0
+			ending := []string{"Succeeded", "Failed", "delete"}[rng.IntN(3)]
+			r.live[pool] = append(live[:i], live[i+1:]...)
+			r.finish(t, pool, pod, ending, intent)
+		}
+	}
+}
+
+// finish ends pod: its intent first when it has one, then the ending; the
+// pool's expected totals count it.
+func (r *run) finish(t *testing.T, pool string, pod *corev1.Pod, ending string, intent bool) {
+	if intent {
+		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"scale-down"}}}`, keys.CompletionIntent))
+		r.retry(t, "mark "+pod.Name, func(ctx context.Context) error { return env.Client.Patch(ctx, pod.DeepCopy(), patch) }, nil)
+	}
+	if ending == "delete" {
+		r.retry(t, "delete "+pod.Name, func(ctx context.Context) error { return client.IgnoreNotFound(env.Client.Delete(ctx, pod.DeepCopy())) }, nil)
+	} else {
+		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"status":{"phase":%q}}`, ending))
+		r.retry(t, ending+" "+pod.Name, func(ctx context.Context) error { return env.Client.Status().Patch(ctx, pod.DeepCopy(), patch) }, nil)
+	}
+	r.mu.Lock()
+	w := r.want[pool]
+	if intent {
+		w[0]++
+	} else {
+		w[1]++
+	}
+	r.want[pool] = w
+	r.mu.Unlock()
+}
+
+// retry sends op until the API server takes it (an API server restart
+// refuses or cuts requests for seconds). When op fails without a clear
+// answer, applied tells whether it took effect; nil: op is idempotent.
+// It reports whether op took effect.
+func (r *run) retry(t *testing.T, what string, op func(context.Context) error, applied func(context.Context) (bool, error)) bool {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := op(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			return true
+		case apierrors.IsAlreadyExists(err):
+			return true
+		case apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err):
+			t.Errorf("%s refused: %v", what, err)
+			return false
+		}
+		if applied != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ok, err := applied(ctx)
+			cancel()
+			if err == nil && ok {
+				return true
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Errorf("%s not taken by the API server within a minute", what)
+	return false
+}
+
+func (r *run) exists(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// faults draws one fault at a time, with pauses between them, until done.
+func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case <-time.After(time.Duration(1000+rng.IntN(3000)) * time.Millisecond):
+		}
+		i := rng.IntN(len(r.replicas))
+		rep := r.replicas[i]
+		d := time.Duration(1+rng.IntN(8)) * time.Second
+		switch rng.IntN(9) {
+		case 0, 1:
+			r.note("replica %d cut off from the API server for %s", i, d)
+			rep.proxy.CutOff()
+			time.Sleep(d)
+			rep.proxy.Restore()
+		case 2, 3:
+			r.note("replica %d: pod watch broken for %s", i, d)
+			rep.faults.set(broken)
+			time.Sleep(d)
+			rep.faults.set(healthy)
+		case 4:
+			r.note("replica %d: pod lists and watches answered 429 for %s", i, d)
+			rep.faults.set(throttled)
+			time.Sleep(d)
+			rep.faults.set(healthy)
+		case 5, 6:
+			r.note("replica %d stopped, started again %s later", i, d)
+			rep.stop()
+			time.Sleep(d)
+			rep.start()
+		case 7, 8:
+			down := time.Duration(rng.IntN(3)) * time.Second
+			r.note("kube-apiserver killed, started again %s later", down)
+			if err := env.RestartAPIServer(down); err != nil {
+				t.Errorf("restarting kube-apiserver: %v", err)
+				return
+			}
+			r.note("kube-apiserver answers again")
+		}
+	}
+}
+
+// check waits, within settleBound of the last fault, for every invariant to
+// hold, then checks the history.
+func (r *run) check(t *testing.T) {
+	ctx := context.Background()
+	r.note("checking")
+	deadline := time.Now().Add(settleBound)
+	var problems []string
+	for {
+		problems = r.problems(ctx)
+		if len(problems) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	require.Empty(t, problems, "%s after the faults ended", settleBound)
+	r.note("settled")
+	finished := 0
+	for _, w := range r.want {
+		finished += int(w[0] + w[1])
+	}
+	lines := r.schedule()
+	t.Logf("%d pods finished; every invariant held %s after the faults ended; schedule:\n%s",
+		finished, settleBound-time.Until(deadline).Round(10*time.Millisecond), strings.Join(lines, "\n"))
+	for pool, w := range r.want {
+		var last [2]int64
+		for _, s := range r.history.of(pool) {
+			assert.True(t, s[0] >= last[0] && s[1] >= last[1], "%s: a total went down, from %v to %v", pool, last, s)
+			assert.True(t, s[0] <= w[0] && s[1] <= w[1], "%s: totals %v past the %v that finished", pool, s, w)
+			last = s
+		}
+	}
+	assert.Equal(t, r.lost, counter(t, "tally_aggregator_tracking_lost_pods_total"), "pods released as lost: none may be, the grace outlasting the run")
+}
+
+// problems returns what does not hold yet: a pool whose counts differ
+// from a fresh List, whose totals differ from the pods that finished, or
+// whose ledger is not empty; a pod that keeps the tracking finalizer.
+func (r *run) problems(ctx context.Context) []string {
+	var pods corev1.PodList
+	if err := env.Client.List(ctx, &pods, client.InNamespace(r.ns)); err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, p := range pods.Items {
+		if len(p.Finalizers) > 0 {
+			out = append(out, fmt.Sprintf("pod %s keeps %v", p.Name, p.Finalizers))
+		}
+	}
+	for pool, uid := range r.uids {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(operator.GVK)
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: pool}, u); err != nil {
+			return []string{err.Error()}
+		}
+		for count, v := range truth.Counts(pods.Items, r.ns, uid) {
+			got, _, _ := unstructured.NestedInt64(u.Object, "status", string(count))
+			if got != v {
+				out = append(out, fmt.Sprintf("%s: %s %d, a fresh List says %d", pool, count, got, v))
+			}
+		}
+		c, x, ledger := totalsOf(u)
+		r.mu.Lock()
+		w := r.want[pool]
+		r.mu.Unlock()
+		if c != w[0] || x != w[1] || ledger != 0 {
+			out = append(out, fmt.Sprintf("%s: completedTotal %d, unexpectedTotal %d, ledger %d; %d and %d finished", pool, c, x, ledger, w[0], w[1]))
+		}
+	}
+	return out
+}
+
+// replica is one aggregator, run in this process, reaching the API server
+// through its own proxy and fault injector.
+type replica struct {
+	cfg    *config.Config
+	rest   *rest.Config
+	proxy  *framework.Proxy
+	faults *podFaults
+	leases string
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newReplica(t *testing.T, cfg *config.Config, ns string) *replica {
+	host, err := url.Parse(env.Config.Host)
+	require.NoError(t, err)
+	p, err := framework.NewProxy(host.Host)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	rc := rest.CopyConfig(env.Config)
+	rc.Host = "https://" + p.Addr()
+	rc.ServerName = host.Hostname()
+	f := &podFaults{}
+	f.wrap(rc)
+	return &replica{cfg: cfg, rest: rc, proxy: p, faults: f, leases: ns}
+}
+
+// start runs the replica until stop.
+func (rep *replica) start() {
+	rep.mu.Lock()
+	defer rep.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	rep.cancel, rep.done = cancel, make(chan struct{})
+	done := rep.done
+	go func() {
+		defer close(done)
+		_ = app.Run(ctx, rep.cfg, rep.rest, app.Options{
+			MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2,
+			LeaderElect: true, LeaderElectionNamespace: rep.leases, LeaderElectionID: "robustness",
+			TrackingGrace: 10 * time.Minute,
+		})
+	}()
+}
+
+// stop stops the replica and waits for it to return.
+func (rep *replica) stop() {
+	rep.mu.Lock()
+	cancel, done := rep.cancel, rep.done
+	rep.cancel = nil
+	rep.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// podFaults breaks or throttles a replica's pod lists and watches.
+type podFaults struct {
+	mu      sync.Mutex
+	state   faultState
+	watches []io.Closer
+}
+
+type faultState int
+
+const (
+	healthy faultState = iota
+	broken
+	throttled
+)
+
+func (f *podFaults) wrap(cfg *rest.Config) {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+			if req.URL.Path != "/api/v1/pods" {
+				return rt.RoundTrip(req)
+			}
+			f.mu.Lock()
+			state := f.state
+			f.mu.Unlock()
+			switch state {
+			case broken:
+				return nil, fmt.Errorf("pod watch broken by the test")
+			case throttled:
+				return &http.Response{StatusCode: http.StatusTooManyRequests, Status: "429 Too Many Requests", Request: req,
+					Header: http.Header{"Retry-After": {"1"}, "Content-Type": {"application/json"}},
+					Body:   io.NopCloser(strings.NewReader(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429}`))}, nil
+			}
+			resp, err := rt.RoundTrip(req)
+			if err == nil && req.URL.Query().Get("watch") == "true" {
+				f.mu.Lock()
+				f.watches = append(f.watches, resp.Body)
+				f.mu.Unlock()
+			}
+			return resp, err
+		})
+	})
+}
+
+// set changes the state; breaking or throttling ends the watches open.
+func (f *podFaults) set(s faultState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.state = s
+	if s != healthy {
+		for _, w := range f.watches {
+			w.Close()
+		}
+		f.watches = nil
+	}
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// history records every pair of totals each pool showed, as watched.
+type history struct {
+	mu   sync.Mutex
+	seen map[string][][2]int64
+}
+
+func watchPools(t *testing.T, ns string) *history {
+	dyn, err := dynamic.NewForConfig(env.Config)
+	require.NoError(t, err)
+	h := &history{seen: map[string][][2]int64{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		// The watch is opened again after each API server restart, from
+		// the last version seen: no status is missed.
+		rv := ""
+		for ctx.Err() == nil {
+			w, err := dyn.Resource(operator.GVK.GroupVersion().WithResource("workerpools")).Namespace(ns).
+				Watch(ctx, metav1.ListOptions{ResourceVersion: rv})
+			if err != nil {
+				time.Sleep(200 * time.Millisecond)
+				continue
+			}
+			for ev := range w.ResultChan() {
+				u, ok := ev.Object.(*unstructured.Unstructured)
+				if !ok || ev.Type == watch.Deleted {
+					continue
+				}
+				rv = u.GetResourceVersion()
+				c, x, _ := totalsOf(u)
+				h.mu.Lock()
+				h.seen[u.GetName()] = append(h.seen[u.GetName()], [2]int64{c, x})
+				h.mu.Unlock()
+			}
+		}
+	}()
+	return h
+}
+
+func (h *history) of(pool string) [][2]int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([][2]int64(nil), h.seen[pool]...)
+}
+
+func totalsOf(u *unstructured.Unstructured) (completed, unexpected int64, ledger int) {
+	completed, _, _ = unstructured.NestedInt64(u.Object, "status", "completedTotal")
+	unexpected, _, _ = unstructured.NestedInt64(u.Object, "status", "unexpectedTotal")
+	for _, list := range []string{"completed", "unexpected"} {
+		l, _, _ := unstructured.NestedStringSlice(u.Object, "status", "tallyLedger", list)
+		ledger += len(l)
+	}
+	return completed, unexpected, ledger
+}
+
+// counter reads the process's counter name, summed over its series.
+func counter(t *testing.T, name string) float64 {
+	families, err := ctrlmetrics.Registry.Gather()
+	require.NoError(t, err)
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// syncBuffer is the aggregators' log of the current seed.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Reset()
+}
+
+// Tail returns the last n lines.
+func (b *syncBuffer) Tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	lines := strings.Split(strings.TrimRight(b.buf.String(), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
