@@ -43,15 +43,19 @@ const Poll = 500 * time.Millisecond
 // one refused or cut (a transport error) or answered with 429 or a 5xx is
 // sent again every poll, or, for a 429, after its Retry-After when it says
 // to wait longer (back-pressure, up to MaxRetryAfter); one answered 404 Not
-// Found is sent again every poll for up to NotFoundHold. Every other
-// request fails as usual. Give it only to clients whose every GET may wait
+// Found is sent again after a wait that doubles from poll to 5 s, for up to
+// NotFoundHold of 404s in a row. Every other request fails as usual. Give it only to clients whose every GET may wait
 // (a cache's): a write, or a leader election's renewal, must fail fast.
 func Hold(cfg *rest.Config, poll time.Duration) { hold(cfg, poll, NotFoundHold) }
 
+// maxNotFoundPoll bounds the wait between two sends of a list or watch
+// answered 404, which doubles from the poll.
+const maxNotFoundPoll = 5 * time.Second
+
 // NotFoundHold bounds how long a held list or watch answered 404 Not Found
-// is sent again. An API server that has just started accepts connections
-// before it has read the CRDs, and answers 404 for every custom resource
-// until then: a reflector that took that answer would back off for
+// in a row is sent again. An API server that has just started accepts
+// connections before it has read the CRDs, and answers 404 for every custom
+// resource until then: a reflector that took that answer would back off for
 // seconds after the API server serves the resource again. A resource that
 // is really not served gets its 404 after NotFoundHold.
 const NotFoundHold = 30 * time.Second
@@ -62,25 +66,37 @@ func hold(cfg *rest.Config, poll, notFoundHold time.Duration) {
 			if req.Method != http.MethodGet || req.Body != nil && req.Body != http.NoBody {
 				return rt.RoundTrip(req)
 			}
+			// notFoundSince is when the 404s in a row began; notFoundWait
+			// how long to wait after the next one.
 			var notFoundSince time.Time
+			notFoundWait := poll
 			for {
 				resp, err := rt.RoundTrip(req)
 				if req.Context().Err() != nil {
 					return resp, err
 				}
-				if err == nil && resp.StatusCode == http.StatusNotFound {
-					if notFoundSince.IsZero() {
-						notFoundSince = time.Now()
-					}
-					if time.Since(notFoundSince) >= notFoundHold {
-						return resp, err
-					}
-				} else if answered(resp, err) {
+				notFound := err == nil && resp.StatusCode == http.StatusNotFound
+				switch {
+				case notFound && notFoundSince.IsZero():
+					notFoundSince = time.Now()
+				case notFound && time.Since(notFoundSince) >= notFoundHold:
 					return resp, err
+				case notFound:
+				case answered(resp, err):
+					return resp, err
+				default:
+					notFoundSince, notFoundWait = time.Time{}, poll
 				}
 				wait := poll
+				if notFound {
+					// A resource really not served is asked for less and
+					// less often.
+					wait, notFoundWait = notFoundWait, min(2*notFoundWait, maxNotFoundPoll)
+				}
 				if resp != nil {
-					wait = retryAfter(resp, poll)
+					if !notFound {
+						wait = retryAfter(resp, poll)
+					}
 					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 					resp.Body.Close()
 				}

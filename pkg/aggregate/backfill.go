@@ -2,6 +2,7 @@ package aggregate
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -81,6 +82,10 @@ func (b *Backfill) Wait(ctx context.Context) error {
 	}
 }
 
+// fencedPoll is how often the start-up sweep checks whether this replica
+// may write.
+const fencedPoll = 500 * time.Millisecond
+
 // Start runs the first sweep, retrying it until it completes, then sweeps
 // every interval until ctx is done. It runs on the leader only, as the
 // reconcilers do.
@@ -90,13 +95,22 @@ func (b *Backfill) Start(ctx context.Context) error {
 	}
 	var once sync.Once
 	read := func() { once.Do(func() { close(b.done) }) }
-	for retry := time.Second; ; retry = min(2*retry, time.Minute) {
-		if _, err := b.sweep(ctx, read); err == nil {
+	for retry := time.Second; ; {
+		_, err := b.sweep(ctx, read)
+		if err == nil {
 			break
-		} else if ctx.Err() == nil {
-			b.log.Error(err, "Start-up backfill sweep failed; no status is written until its read completes", "retryIn", retry.String())
 		}
-		if !sleep(ctx, retry) {
+		wait := fencedPoll
+		if !errors.Is(err, errFenced) {
+			// A fenced replica tries again at once when it may write (a
+			// pod view fresh again, after an API server restart, must not
+			// wait out a back-off); a failure backs off.
+			wait, retry = retry, min(2*retry, time.Minute)
+			if ctx.Err() == nil {
+				b.log.Error(err, "Start-up backfill sweep failed; no status is written until its read completes", "retryIn", wait.String())
+			}
+		}
+		if !sleep(ctx, wait) {
 			return nil
 		}
 	}
@@ -127,6 +141,10 @@ func (b *Backfill) Sweep(ctx context.Context) (int, error) { return b.sweep(ctx,
 
 // sweep is Sweep, calling read (when set) once every pod has been read.
 func (b *Backfill) sweep(ctx context.Context, read func()) (int, error) {
+	if b.mayWrite != nil && !b.mayWrite() {
+		// Not a sweep: nothing was read.
+		return 0, errFenced
+	}
 	start := time.Now()
 	s := sweep{Backfill: b}
 	err := s.run(ctx, read)

@@ -75,6 +75,9 @@ const (
 // for why: on parent naming the pods, or on each pod when its parent is
 // gone.
 func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, why releaseReason, parent client.Object) (reconcile.Result, error) {
+	if pods = releasedIn(ctx).not(pods); len(pods) == 0 {
+		return reconcile.Result{}, nil
+	}
 	if !r.mayWrite() {
 		// Fenced, or not yet the leader: the release is not dropped (the
 		// pods may get no other event), it waits for this replica to write.

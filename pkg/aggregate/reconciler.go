@@ -149,7 +149,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.fenced.Inc()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
-	ctx = context.WithValue(ctx, viewKey{}, epoch)
+	ctx = withReleased(context.WithValue(ctx, viewKey{}, epoch))
 	result, err := r.reconcileFrom(ctx, req, key, r.Parents)
 	if _, lagged := r.lagging.LoadAndDelete(req.NamespacedName); lagged && r.Live != nil {
 		// The parent's cache lags behind the API server (after an outage

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -182,6 +184,12 @@ func (r *Reconciler) notFound(ctx context.Context, parent *unstructured.Unstruct
 	live := mutate.PartialMetadata(r.gvk)
 	err := r.Live.Get(ctx, key, live)
 	switch {
+	case notServed(err) || notServed(applyErr):
+		// Not "gone": an API server that has just started answers 404
+		// for custom resources until it has read the CRDs. Retried with
+		// back-off.
+		r.failed.Inc()
+		return fmt.Errorf("applying status of %s %s: the API server does not serve %s (yet): %w", r.kind, key, r.gvk.GroupVersion(), applyErr)
 	case apierrors.IsNotFound(err):
 		return nil
 	case err == nil && live.GetUID() != parent.GetUID():
@@ -194,4 +202,20 @@ func (r *Reconciler) notFound(ctx context.Context, parent *unstructured.Unstruct
 		return fmt.Errorf("applying status of %s %s: %w (and reading it: %v)", r.kind, key, applyErr, err)
 	}
 	return fmt.Errorf("applying status of %s %s: the parent exists but its status is not served as %s: %w", r.kind, key, r.gvk.GroupVersion(), applyErr)
+}
+
+// notServed reports whether a 404 says that the API server does not serve
+// the resource (its body is not a Status: "404 page not found"), rather
+// than that the object does not exist.
+func notServed(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Code != http.StatusNotFound || status.Status().Details == nil {
+		return false
+	}
+	for _, c := range status.Status().Details.Causes {
+		if c.Type == metav1.CauseTypeUnexpectedServerResponse {
+			return true
+		}
+	}
+	return false
 }

@@ -2,6 +2,9 @@ package aggregator
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -25,6 +29,7 @@ import (
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/framework"
 )
 
@@ -416,4 +421,77 @@ func TestNoWriteFromAViewThatWasStale(t *testing.T) {
 			assert.True(t, found, "nothing written from a fresh, unbroken view")
 		})
 	}
+}
+
+// TestARereadReleasesOnce: a kind that keeps no totals, three pods carrying
+// the tracking finalizer, and a cache behind the parent: the counts' apply
+// meets a conflict after the pods are released, and the reconcile runs
+// again on the parent read from the API server, with the same cached pods.
+// Each pod is released, counted and reported once.
+func TestARereadReleasesOnce(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	pool := operator.Pool(ns, "pool", 0)
+	require.NoError(t, env.Client.Create(ctx, pool))
+	cached := pool.DeepCopy()
+	// Another writer changes the status: the cached copy is behind.
+	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(42), "status", "completing"))
+	require.NoError(t, env.Client.Status().Update(ctx, pool))
+
+	reducer := aggregate.NewReducer([]config.Parent{workerPools})
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+	for i := range 3 {
+		p := member(operator.GVK, ns, "pool", pool.GetUID(), fmt.Sprintf("p-%d", i)).Finalizer(keys.TrackingFinalizer).Build()
+		require.NoError(t, indexer.Add(reducer.Pod(p)))
+	}
+	recorder := events.NewFakeRecorder(20)
+	r := aggregate.NewReconciler(workerPools, aggregate.Deps{
+		Parents: staleReader{cached}, Live: env.Client, Writer: env.Client, Pods: indexer,
+		Backfilled: func(context.Context) error { return nil }, Recorder: recorder,
+	})
+	released := counter(t, "tally_aggregator_tracking_finalizers_total", "orphaned", "WorkerPool.example.tally.dev")
+	conflicts := counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev")
+	_, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
+	require.NoError(t, err)
+	require.Equal(t, conflicts+1, counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev"), "the cache was not behind")
+	assert.Equal(t, released+3, counter(t, "tally_aggregator_tracking_finalizers_total", "orphaned", "WorkerPool.example.tally.dev"))
+	assert.Len(t, recorder.Events, 1, "one Warning Event for the three pods")
+}
+
+// notServed answers every request for WorkerPools 404 "page not found", as
+// an API server that has just started does until it has read the CRDs.
+type notServed struct{ rt http.RoundTripper }
+
+func (n notServed) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.Contains(r.URL.Path, "/workerpools") {
+		return &http.Response{StatusCode: http.StatusNotFound, Status: "404 Not Found", Header: http.Header{"Content-Type": {"text/plain"}},
+			Body: io.NopCloser(strings.NewReader("404 page not found")), Request: r}, nil
+	}
+	return n.rt.RoundTrip(r)
+}
+
+// TestANotServedParentIsNotGone: the status apply and the read from the API
+// server both answered "404 page not found" (the resource not served, not
+// the parent gone): the reconcile fails, and is retried with back-off,
+// rather than take the parent for gone and drop its count.
+func TestANotServedParentIsNotGone(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	pool := operator.Pool(ns, "pool", 0)
+	require.NoError(t, env.Client.Create(ctx, pool))
+	reducer := aggregate.NewReducer([]config.Parent{workerPools})
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+	for _, p := range mixedPods(operator.GVK, ns, "pool", pool.GetUID(), 5) {
+		require.NoError(t, indexer.Add(reducer.Pod(p)))
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return notServed{rt} })
+	c, err := client.New(cfg, client.Options{})
+	require.NoError(t, err)
+	r := aggregate.NewReconciler(workerPools, aggregate.Deps{
+		Parents: staleReader{pool}, Live: c, Writer: c, Pods: indexer,
+		Backfilled: func(context.Context) error { return nil }, Recorder: events.NewFakeRecorder(10),
+	})
+	_, err = r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
+	assert.ErrorContains(t, err, "does not serve")
 }
