@@ -29,11 +29,8 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -119,7 +116,7 @@ type run struct {
 	ns       string
 	uids     map[string]types.UID
 	replicas [2]*replica
-	history  *history
+	history  *framework.TotalsHistory
 	lost     float64
 
 	mu    sync.Mutex
@@ -141,7 +138,7 @@ func newRun(t *testing.T, cfg *config.Config, seed uint64) *run {
 		require.NoError(t, env.Client.Create(ctx, pool))
 		r.uids[pool.GetName()] = pool.GetUID()
 	}
-	r.history = watchPools(t, ns)
+	r.history = framework.WatchTotals(t, env.Config, ns)
 	r.lost = counter(t, "tally_aggregator_tracking_lost_pods_total")
 	for i := range r.replicas {
 		r.replicas[i] = newReplica(t, cfg, ns)
@@ -354,7 +351,7 @@ func (r *run) check(t *testing.T) {
 		finished, settleBound-time.Until(deadline).Round(10*time.Millisecond), strings.Join(lines, "\n"))
 	for pool, w := range r.want {
 		var last [2]int64
-		for _, s := range r.history.of(pool) {
+		for _, s := range r.history.Of(pool) {
 			assert.True(t, s[0] >= last[0] && s[1] >= last[1], "%s: a total went down, from %v to %v", pool, last, s)
 			assert.True(t, s[0] <= w[0] && s[1] <= w[1], "%s: totals %v past the %v that finished", pool, s, w)
 			last = s
@@ -389,7 +386,7 @@ func (r *run) problems(ctx context.Context) []string {
 				out = append(out, fmt.Sprintf("%s: %s %d, a fresh List says %d", pool, count, got, v))
 			}
 		}
-		c, x, ledger := totalsOf(u)
+		c, x, ledger := framework.Totals(u)
 		r.mu.Lock()
 		w := r.want[pool]
 		r.mu.Unlock()
@@ -516,61 +513,6 @@ func (f *podFaults) set(s faultState) {
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-// history records every pair of totals each pool showed, as watched.
-type history struct {
-	mu   sync.Mutex
-	seen map[string][][2]int64
-}
-
-func watchPools(t *testing.T, ns string) *history {
-	dyn, err := dynamic.NewForConfig(env.Config)
-	require.NoError(t, err)
-	h := &history{seen: map[string][][2]int64{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go func() {
-		// The watch is opened again after each API server restart, from
-		// the last version seen: no status is missed.
-		rv := ""
-		for ctx.Err() == nil {
-			w, err := dyn.Resource(operator.GVK.GroupVersion().WithResource("workerpools")).Namespace(ns).
-				Watch(ctx, metav1.ListOptions{ResourceVersion: rv})
-			if err != nil {
-				time.Sleep(200 * time.Millisecond)
-				continue
-			}
-			for ev := range w.ResultChan() {
-				u, ok := ev.Object.(*unstructured.Unstructured)
-				if !ok || ev.Type == watch.Deleted {
-					continue
-				}
-				rv = u.GetResourceVersion()
-				c, x, _ := totalsOf(u)
-				h.mu.Lock()
-				h.seen[u.GetName()] = append(h.seen[u.GetName()], [2]int64{c, x})
-				h.mu.Unlock()
-			}
-		}
-	}()
-	return h
-}
-
-func (h *history) of(pool string) [][2]int64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([][2]int64(nil), h.seen[pool]...)
-}
-
-func totalsOf(u *unstructured.Unstructured) (completed, unexpected int64, ledger int) {
-	completed, _, _ = unstructured.NestedInt64(u.Object, "status", "completedTotal")
-	unexpected, _, _ = unstructured.NestedInt64(u.Object, "status", "unexpectedTotal")
-	for _, list := range []string{"completed", "unexpected"} {
-		l, _, _ := unstructured.NestedStringSlice(u.Object, "status", "tallyLedger", list)
-		ledger += len(l)
-	}
-	return completed, unexpected, ledger
-}
 
 // counter reads the process's counter name, summed over its series.
 func counter(t *testing.T, name string) float64 {

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,11 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -227,17 +223,7 @@ func totals(t *testing.T, ns, name string) (completed, unexpected int64, ledger 
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(operator.GVK)
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, u))
-	return totalsOf(u)
-}
-
-func totalsOf(u *unstructured.Unstructured) (completed, unexpected int64, ledger int) {
-	completed, _, _ = unstructured.NestedInt64(u.Object, "status", "completedTotal")
-	unexpected, _, _ = unstructured.NestedInt64(u.Object, "status", "unexpectedTotal")
-	for _, list := range []string{"completed", "unexpected"} {
-		l, _, _ := unstructured.NestedStringSlice(u.Object, "status", "tallyLedger", list)
-		ledger += len(l)
-	}
-	return completed, unexpected, ledger
+	return framework.Totals(u)
 }
 
 // withFinalizer returns the pods of ns still carrying the tracking
@@ -255,41 +241,4 @@ func withFinalizer(t *testing.T, ns string) []string {
 		}
 	}
 	return out
-}
-
-// watchTotals records every pair of totals each pool of ns shows, as
-// watched, so that a test can tell that no total ever went down or past
-// its final value.
-type watchTotals struct {
-	mu   sync.Mutex
-	seen map[string][][2]int64
-}
-
-func watchPools(t *testing.T, ns string) *watchTotals {
-	t.Helper()
-	dyn, err := dynamic.NewForConfig(env.Config)
-	require.NoError(t, err)
-	w, err := dyn.Resource(operator.GVK.GroupVersion().WithResource("workerpools")).Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
-	require.NoError(t, err)
-	t.Cleanup(w.Stop)
-	r := &watchTotals{seen: map[string][][2]int64{}}
-	go func() {
-		for ev := range w.ResultChan() {
-			u, ok := ev.Object.(*unstructured.Unstructured)
-			if !ok || ev.Type == watch.Deleted {
-				continue
-			}
-			c, x, _ := totalsOf(u)
-			r.mu.Lock()
-			r.seen[u.GetName()] = append(r.seen[u.GetName()], [2]int64{c, x})
-			r.mu.Unlock()
-		}
-	}()
-	return r
-}
-
-func (r *watchTotals) of(name string) [][2]int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([][2]int64(nil), r.seen[name]...)
 }

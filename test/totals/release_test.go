@@ -29,6 +29,7 @@ import (
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
+	"tally.dev/tally/test/framework"
 )
 
 // strandGroup is the group of the kinds this file installs.
@@ -345,7 +346,7 @@ func TestConfigChangesKeepHistory(t *testing.T) {
 		v.Schema.OpenAPIV3Schema.Properties["status"] = status
 	})
 	startWebhook(t, ns, withTotals)
-	seen := watchPools(t, ns)
+	seen := framework.WatchTotals(t, env.Config, ns)
 	_, pods := createPool(t, ns, "pool", 12)
 	createPool(t, ns, "legacy", 0)
 
@@ -447,9 +448,9 @@ func TestConfigChangesKeepHistory(t *testing.T) {
 
 	for _, pool := range []string{"pool", "legacy"} {
 		var last [2]int64
-		for _, s := range seen.of(pool) {
-			assert.GreaterOrEqual(t, s[0], last[0], "completedTotal of %s went down: %v", pool, seen.of(pool))
-			assert.GreaterOrEqual(t, s[1], last[1], "unexpectedTotal of %s went down: %v", pool, seen.of(pool))
+		for _, s := range seen.Of(pool) {
+			assert.GreaterOrEqual(t, s[0], last[0], "completedTotal of %s went down: %v", pool, seen.Of(pool))
+			assert.GreaterOrEqual(t, s[1], last[1], "unexpectedTotal of %s went down: %v", pool, seen.Of(pool))
 			last = s
 		}
 	}

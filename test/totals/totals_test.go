@@ -162,7 +162,7 @@ func finishInBursts(pods map[string][]*corev1.Pod, rng *rand.Rand, errs chan<- e
 // settles waits until every pool shows its totals with an empty ledger and
 // no pod of ns carries the finalizer, then checks that no total ever went
 // down or past its final value.
-func settles(t *testing.T, ns string, wants map[string]want, seen *watchTotals, timeout time.Duration) {
+func settles(t *testing.T, ns string, wants map[string]want, seen *framework.TotalsHistory, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for pool, w := range wants {
@@ -180,7 +180,7 @@ func settles(t *testing.T, ns string, wants map[string]want, seen *watchTotals, 
 		"pods still carrying %s: %v", keys.TrackingFinalizer, withFinalizer(t, ns))
 	for pool, w := range wants {
 		var last [2]int64
-		for _, s := range seen.of(pool) {
+		for _, s := range seen.Of(pool) {
 			assert.True(t, s[0] >= last[0] && s[1] >= last[1], "%s: totals went down from %v to %v", pool, last, s)
 			assert.True(t, s[0] <= w.completed && s[1] <= w.unexpected, "%s: totals %v past the final %v", pool, s, w)
 			last = s
@@ -222,7 +222,7 @@ func scenario(t *testing.T, ns string, seed uint64, disrupt func(done <-chan str
 func TestTotalsSurviveKills(t *testing.T) {
 	ns := namespace(t)
 	startWebhook(t, ns, withTotals)
-	seen := watchPools(t, ns)
+	seen := framework.WatchTotals(t, env.Config, ns)
 	a := startAggregator(t, "aggregator", withTotals, "")
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -255,7 +255,7 @@ func TestTotalsSurviveLeaderKill(t *testing.T) {
 	leaseNS, err := env.Namespace(context.Background(), "lease")
 	require.NoError(t, err)
 	startWebhook(t, ns, withTotals)
-	seen := watchPools(t, ns)
+	seen := framework.WatchTotals(t, env.Config, ns)
 	replicas := []*aggregator{
 		startAggregator(t, "a", withTotals, leaseNS),
 		startAggregator(t, "b", withTotals, leaseNS),
