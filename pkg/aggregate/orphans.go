@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -172,7 +171,7 @@ func (r *Reconciler) orphanCandidates(name types.NamespacedName, current types.U
 func (r *Reconciler) orphans(ctx context.Context, name types.NamespacedName, candidates []*Pod) ([]*Pod, error) {
 	live := mutate.PartialMetadata(r.gvk)
 	switch err := r.Live.Get(ctx, name, live); {
-	case apierrors.IsNotFound(err):
+	case gone(err):
 		return candidates, nil
 	case err != nil:
 		return nil, fmt.Errorf("confirming that %s %s is gone: %w", r.kind, name, err)

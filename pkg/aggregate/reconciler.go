@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -127,7 +126,10 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 // then takes a step of the ledger protocol (Advance): the ledger and totals
 // go in one apply, then the finalizers of the recorded pods are removed, at
 // most PodBatch pod writes at a time. Pods carrying the finalizer whose
-// parent is gone, or whose kind keeps no totals, lose it.
+// parent is gone, or whose kind keeps no totals, lose it. Nothing is
+// counted while this replica may not write, and an apply that meets a newer
+// parent than the cache shows brings one more pass, on the parent read from
+// the API server.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if r.Backfilled(ctx) != nil {
 		// Shutting down before the start-up backfill completed.
@@ -169,7 +171,7 @@ func (r *Reconciler) reconcileFrom(ctx context.Context, req reconcile.Request, k
 	parent := &unstructured.Unstructured{}
 	parent.SetGroupVersionKind(r.gvk)
 	if err := parents.Get(ctx, req.NamespacedName, parent); err != nil {
-		if !apierrors.IsNotFound(err) {
+		if !gone(err) {
 			return reconcile.Result{}, err
 		}
 		r.observed.counted.forget(key)

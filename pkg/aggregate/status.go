@@ -204,6 +204,10 @@ func (r *Reconciler) notFound(ctx context.Context, parent *unstructured.Unstruct
 	return fmt.Errorf("applying status of %s %s: the parent exists but its status is not served as %s: %w", r.kind, key, r.gvk.GroupVersion(), applyErr)
 }
 
+// gone reports whether err says that the object read does not exist: a
+// 404 with a Status, not one that says the resource is not served (yet).
+func gone(err error) bool { return apierrors.IsNotFound(err) && !notServed(err) }
+
 // notServed reports whether a 404 says that the API server does not serve
 // the resource (its body is not a Status: "404 page not found"), rather
 // than that the object does not exist.

@@ -359,7 +359,7 @@ func (u *Unrecorded) readParent(ctx context.Context, reader client.Reader, p con
 	parent = &unstructured.Unstructured{}
 	parent.SetGroupVersionKind(p.GroupVersionKind())
 	switch err := reader.Get(readCtx, key, parent); {
-	case apierrors.IsNotFound(err):
+	case gone(err):
 		return parent, false, false
 	case err != nil:
 		return nil, false, readCtx.Err() != nil

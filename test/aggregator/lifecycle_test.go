@@ -495,3 +495,33 @@ func TestANotServedParentIsNotGone(t *testing.T) {
 	_, err = r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
 	assert.ErrorContains(t, err, "does not serve")
 }
+
+// TestANotServedParentKeepsItsPods: the parent read answered "404 page not
+// found" (a restarted API server that has not read the CRDs yet), by the
+// cache's reader or the API server's: its pods are not taken for orphans,
+// and keep their finalizers.
+func TestANotServedParentKeepsItsPods(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	pool := operator.Pool(ns, "pool", 0)
+	require.NoError(t, env.Client.Create(ctx, pool))
+	reducer := aggregate.NewReducer([]config.Parent{workerPools})
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+	for i := range 3 {
+		p := member(operator.GVK, ns, "pool", pool.GetUID(), fmt.Sprintf("p-%d", i)).Finalizer(keys.TrackingFinalizer).Build()
+		require.NoError(t, indexer.Add(reducer.Pod(p)))
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return notServed{rt} })
+	c, err := client.New(cfg, client.Options{})
+	require.NoError(t, err)
+	r := aggregate.NewReconciler(workerPools, aggregate.Deps{
+		Parents: c, Live: c, Writer: env.Client, Pods: indexer,
+		Backfilled: func(context.Context) error { return nil }, Recorder: events.NewFakeRecorder(10),
+	})
+	released := counter(t, "tally_aggregator_tracking_finalizers_total", "orphaned", "WorkerPool.example.tally.dev")
+	_, err = r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
+	assert.Error(t, err, "a parent not served was taken for gone")
+	assert.Equal(t, released, counter(t, "tally_aggregator_tracking_finalizers_total", "orphaned", "WorkerPool.example.tally.dev"),
+		"the pods of a parent not served were released as orphans")
+}
