@@ -2,6 +2,7 @@ package servable
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -29,6 +30,10 @@ type Gate struct {
 
 	mu       sync.RWMutex
 	problems map[schema.GroupKind]*Problem
+	// notServedSince is when the API server began to say, in a row, that
+	// it does not serve a kind (notServedYet).
+	notServedSince map[schema.GroupKind]time.Time
+	now            func() time.Time
 	// checked is closed once every kind was checked once.
 	checked chan struct{}
 	once    sync.Once
@@ -42,7 +47,8 @@ type TotalsChecker interface {
 
 // NewGate returns a Gate over the parents that keep totals.
 func NewGate(checker TotalsChecker, parents []config.Parent, log logr.Logger) *Gate {
-	g := &Gate{checker: checker, log: log, problems: map[schema.GroupKind]*Problem{}, checked: make(chan struct{})}
+	g := &Gate{checker: checker, log: log, problems: map[schema.GroupKind]*Problem{}, checked: make(chan struct{}),
+		notServedSince: map[schema.GroupKind]time.Time{}, now: time.Now}
 	for _, p := range parents {
 		if p.Tracked() {
 			g.parents = append(g.parents, p)
@@ -102,6 +108,7 @@ func (g *Gate) Check() (known bool) {
 		problem := g.checker.Totals(p)
 		g.mu.Lock()
 		before := g.problems[p.GroupKind()]
+		problem = g.notServedYet(p.GroupKind(), before, problem)
 		kept := problem != nil && problem.Unknown && (before == nil || !before.Unknown)
 		if !kept {
 			g.problems[p.GroupKind()] = problem
@@ -129,6 +136,36 @@ func (g *Gate) Check() (known bool) {
 		}
 	}
 	return known
+}
+
+// NotServedAfter is how long the API server must say in a row that it does
+// not serve a kind (discovery's 404, no mapping) before the kind counts as
+// not served: a restarted API server answers so for every custom resource
+// until it has read the CRDs, and a kind not served loses its pods'
+// tracking finalizers, uncounted.
+const NotServedAfter = 30 * time.Second
+
+// notServedYet returns problem, or, while a "not-served" answer about kind
+// has not lasted NotServedAfter in a row (and kind was not already not
+// served), a problem that cannot tell. Call it with g.mu held.
+func (g *Gate) notServedYet(kind schema.GroupKind, before, problem *Problem) *Problem {
+	if problem == nil || problem.Name != "not-served" || problem.Unknown {
+		delete(g.notServedSince, kind)
+		return problem
+	}
+	if before != nil && before.Name == "not-served" && !before.Unknown {
+		return problem
+	}
+	since, seen := g.notServedSince[kind]
+	if !seen {
+		since = g.now()
+		g.notServedSince[kind] = since
+	}
+	if g.now().Sub(since) >= NotServedAfter {
+		delete(g.notServedSince, kind)
+		return problem
+	}
+	return unknown("not-served", fmt.Errorf("%w (said for %s; not served once said for %s in a row)", problem.Err, g.now().Sub(since).Round(time.Second), NotServedAfter))
 }
 
 // Start checks every kind, then again every Interval until ctx is done.
