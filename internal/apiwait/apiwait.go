@@ -4,9 +4,9 @@
 // minute) after a long outage, and neither its shared informers nor
 // controller-runtime's cache let a caller shorten it: the view stays stale
 // for that long after the API server is back. Here a list or watch that the
-// API server does not answer (or, for a while, answers 404 Not Found: a
-// restarted API server serves custom resources a moment after the rest) is
-// held and sent again every Poll until it is answered, or its request ends;
+// API server does not answer is held and sent again every Poll until it is
+// answered, or its request ends (one answered 404 Not Found, for a while:
+// a restarted API server serves custom resources a moment after the rest);
 // the reflector sees one slow request instead of a string of failures, so
 // its back-off never grows, and the view is fresh again within Poll of the
 // API server's return.
@@ -43,14 +43,18 @@ const Poll = 500 * time.Millisecond
 // one refused or cut (a transport error) or answered with 429 or a 5xx is
 // sent again every poll, or, for a 429, after its Retry-After when it says
 // to wait longer (back-pressure, up to MaxRetryAfter); one answered 404 Not
-// Found is sent again after a wait that doubles from poll to 5 s, for up to
-// NotFoundHold of 404s in a row. Every other request fails as usual. Give it only to clients whose every GET may wait
+// Found is sent again every poll for 10 s, then after a wait that doubles
+// up to 5 s, until it has met NotFoundHold of 404s in a row. Every other
+// request fails as usual. Give it only to clients whose every GET may wait
 // (a cache's): a write, or a leader election's renewal, must fail fast.
 func Hold(cfg *rest.Config, poll time.Duration) { hold(cfg, poll, NotFoundHold) }
 
-// maxNotFoundPoll bounds the wait between two sends of a list or watch
-// answered 404, which doubles from the poll.
-const maxNotFoundPoll = 5 * time.Second
+// A list or watch answered 404 is sent again every poll for
+// notFoundPollFor, then after a wait that doubles up to maxNotFoundPoll.
+const (
+	notFoundPollFor = 10 * time.Second
+	maxNotFoundPoll = 5 * time.Second
+)
 
 // NotFoundHold bounds how long a held list or watch answered 404 Not Found
 // in a row is sent again. An API server that has just started accepts
@@ -88,7 +92,7 @@ func hold(cfg *rest.Config, poll, notFoundHold time.Duration) {
 					notFoundSince, notFoundWait = time.Time{}, poll
 				}
 				wait := poll
-				if notFound {
+				if notFound && time.Since(notFoundSince) >= notFoundPollFor {
 					// A resource really not served is asked for less and
 					// less often.
 					wait, notFoundWait = notFoundWait, min(2*notFoundWait, maxNotFoundPoll)

@@ -122,7 +122,12 @@ func (b *Backfill) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-			if _, err := b.Sweep(ctx); err != nil && ctx.Err() == nil {
+			_, err := b.Sweep(ctx)
+			for errors.Is(err, errFenced) && sleep(ctx, fencedPoll) {
+				// Not a sweep: it runs once this replica may write.
+				_, err = b.Sweep(ctx)
+			}
+			if err != nil && ctx.Err() == nil {
 				b.log.Error(err, "Backfill sweep failed; the next one retries", "in", b.interval.String())
 			}
 		}
