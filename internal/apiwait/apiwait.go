@@ -92,15 +92,15 @@ func hold(cfg *rest.Config, poll, notFoundHold time.Duration) {
 					notFoundSince, notFoundWait = time.Time{}, poll
 				}
 				wait := poll
-				if notFound && time.Since(notFoundSince) >= notFoundPollFor {
+				switch {
+				case notFound && time.Since(notFoundSince) >= notFoundPollFor:
 					// A resource really not served is asked for less and
 					// less often.
 					wait, notFoundWait = notFoundWait, min(2*notFoundWait, maxNotFoundPoll)
+				case resp != nil:
+					wait = retryAfter(resp, poll)
 				}
 				if resp != nil {
-					if !notFound {
-						wait = retryAfter(resp, poll)
-					}
 					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 					resp.Body.Close()
 				}

@@ -2,7 +2,6 @@ package aggregate
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -82,8 +81,8 @@ func (b *Backfill) Wait(ctx context.Context) error {
 	}
 }
 
-// fencedPoll is how often the start-up sweep checks whether this replica
-// may write.
+// fencedPoll is how often a sweep waiting to start checks whether this
+// replica may write.
 const fencedPoll = 500 * time.Millisecond
 
 // Start runs the first sweep, retrying it until it completes, then sweeps
@@ -95,22 +94,13 @@ func (b *Backfill) Start(ctx context.Context) error {
 	}
 	var once sync.Once
 	read := func() { once.Do(func() { close(b.done) }) }
-	for retry := time.Second; ; {
-		_, err := b.sweep(ctx, read)
-		if err == nil {
+	for retry := time.Second; ; retry = min(2*retry, time.Minute) {
+		if _, err := b.sweep(ctx, read); err == nil {
 			break
+		} else if ctx.Err() == nil {
+			b.log.Error(err, "Start-up backfill sweep failed; no status is written until its read completes", "retryIn", retry.String())
 		}
-		wait := fencedPoll
-		if !errors.Is(err, errFenced) {
-			// A fenced replica tries again at once when it may write (a
-			// pod view fresh again, after an API server restart, must not
-			// wait out a back-off); a failure backs off.
-			wait, retry = retry, min(2*retry, time.Minute)
-			if ctx.Err() == nil {
-				b.log.Error(err, "Start-up backfill sweep failed; no status is written until its read completes", "retryIn", wait.String())
-			}
-		}
-		if !sleep(ctx, wait) {
+		if !sleep(ctx, retry) {
 			return nil
 		}
 	}
@@ -122,12 +112,7 @@ func (b *Backfill) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-			_, err := b.Sweep(ctx)
-			for errors.Is(err, errFenced) && sleep(ctx, fencedPoll) {
-				// Not a sweep: it runs once this replica may write.
-				_, err = b.Sweep(ctx)
-			}
-			if err != nil && ctx.Err() == nil {
+			if _, err := b.Sweep(ctx); err != nil && ctx.Err() == nil {
 				b.log.Error(err, "Backfill sweep failed; the next one retries", "in", b.interval.String())
 			}
 		}
@@ -140,15 +125,20 @@ func (b *Backfill) Start(ctx context.Context) error {
 // page at a time, metadata only: once to read them (Unstamped holds those
 // it will stamp), and, when any needs a patch, again to stamp them. Pods
 // that cannot be stamped are logged, counted in
-// tally_aggregator_unstamped_pods and tried again by the next sweep. It returns how many pods it patched, and an error when it
-// could not go through every pod.
+// tally_aggregator_unstamped_pods and tried again by the next sweep. It
+// starts once this replica may write. It returns how many pods it patched,
+// and an error when it could not go through every pod.
 func (b *Backfill) Sweep(ctx context.Context) (int, error) { return b.sweep(ctx, nil) }
 
 // sweep is Sweep, calling read (when set) once every pod has been read.
 func (b *Backfill) sweep(ctx context.Context, read func()) (int, error) {
-	if b.mayWrite != nil && !b.mayWrite() {
-		// Not a sweep: nothing was read.
-		return 0, errFenced
+	for b.mayWrite != nil && !b.mayWrite() {
+		// Not a sweep yet: it starts once this replica may write (a pod
+		// view fresh again after an API server restart must not wait out
+		// a back-off), or ends with ctx (the lease lost).
+		if !sleep(ctx, fencedPoll) {
+			return 0, ctx.Err()
+		}
 	}
 	start := time.Now()
 	s := sweep{Backfill: b}

@@ -76,7 +76,7 @@ func (r *Reconciler) releaseAll(ctx context.Context, parent types.UID, pods []*P
 			if parent != "" {
 				r.releases.add(parent, p.UID)
 			}
-			releasedIn(ctx).add(p.UID)
+			passOf(ctx).release(p.UID)
 			return nil
 		}
 		return fmt.Errorf("removing the finalizer %s of pod %s/%s: %w", keys.TrackingFinalizer, p.Namespace, p.Name, err)
@@ -132,49 +132,4 @@ func forEach(ctx context.Context, pods []*Pod, f func(context.Context, *Pod) err
 	}
 	_ = g.Wait()
 	return errors.Join(errs...)
-}
-
-// releasedKey keys, in a reconcile's context, the pods whose finalizer it
-// released: run again on the parent read live (Reconcile), it does not
-// release them, or report them, twice.
-type releasedKey struct{}
-
-// releasedSet is the pods a reconcile released; a nil one holds none.
-type releasedSet struct {
-	mu   sync.Mutex
-	uids map[types.UID]bool
-}
-
-func withReleased(ctx context.Context) context.Context {
-	return context.WithValue(ctx, releasedKey{}, &releasedSet{uids: map[types.UID]bool{}})
-}
-
-func releasedIn(ctx context.Context) *releasedSet {
-	s, _ := ctx.Value(releasedKey{}).(*releasedSet)
-	return s
-}
-
-func (s *releasedSet) add(uid types.UID) {
-	if s == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.uids[uid] = true
-}
-
-// not returns the pods of pods not in s.
-func (s *releasedSet) not(pods []*Pod) []*Pod {
-	if s == nil {
-		return pods
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*Pod
-	for _, p := range pods {
-		if !s.uids[p.UID] {
-			out = append(out, p)
-		}
-	}
-	return out
 }

@@ -74,7 +74,7 @@ const (
 // for why: on parent naming the pods, or on each pod when its parent is
 // gone.
 func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, why releaseReason, parent client.Object) (reconcile.Result, error) {
-	if pods = releasedIn(ctx).not(pods); len(pods) == 0 {
+	if pods = passOf(ctx).unreleased(pods); len(pods) == 0 {
 		return reconcile.Result{}, nil
 	}
 	if !r.mayWrite() {

@@ -3,7 +3,6 @@ package aggregate
 import (
 	"context"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,9 +40,6 @@ type Reconciler struct {
 	releases *releases
 	// queue is the controller's work queue, once it started.
 	queue atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
-	// lagging holds the parents (types.NamespacedName) whose apply, in the
-	// reconcile under way, met a newer version than their cache showed.
-	lagging sync.Map
 	Deps
 	// The kind's counters, resolved once.
 	reconciledTotal, applied, skipped, failed, conflicts, fenced prometheus.Counter
@@ -151,9 +147,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.fenced.Inc()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
-	ctx = withReleased(context.WithValue(ctx, viewKey{}, epoch))
+	ctx, pass := withPass(ctx, epoch)
 	result, err := r.reconcileFrom(ctx, req, key, r.Parents)
-	if _, lagged := r.lagging.LoadAndDelete(req.NamespacedName); lagged && r.Live != nil {
+	if pass.takeLagged() && r.Live != nil {
 		// The parent's cache lags behind the API server (after an outage
 		// its watch may come back seconds after the pods'): count again
 		// at once on the parent as the API server has it, rather than
@@ -161,7 +157,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// conflict is a writer racing this one, retried after
 		// conflictRequeue.
 		result, err = r.reconcileFrom(ctx, req, key, r.Live)
-		r.lagging.Delete(req.NamespacedName)
 	}
 	return result, err
 }
@@ -242,13 +237,9 @@ func (r *Reconciler) viewEpoch() uint64 {
 	return r.ViewEpoch()
 }
 
-// viewKey keys, in a reconcile's context, the view epoch its counts were
-// taken in.
-type viewKey struct{}
-
-// sameView reports whether the pod view is still in the epoch ctx's counts
-// were taken in.
+// sameView reports whether the pod view is still in the epoch ctx's pass
+// took its counts in.
 func (r *Reconciler) sameView(ctx context.Context) bool {
-	epoch, ok := ctx.Value(viewKey{}).(uint64)
-	return !ok || r.viewEpoch() == epoch
+	p := passOf(ctx)
+	return p == nil || r.viewEpoch() == p.epoch
 }

@@ -149,7 +149,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		// comes back after conflictRequeue (its watch event usually
 		// brings it back sooner).
 		r.conflicts.Inc()
-		r.lagging.Store(key, struct{}{})
+		passOf(ctx).lag()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	case apierrors.IsNotFound(err):
 		return reconcile.Result{}, r.notFound(ctx, parent, err)

@@ -2,7 +2,6 @@ package aggregate
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -18,11 +17,6 @@ import (
 	"tally.dev/tally/pkg/mutate"
 )
 
-// errFenced is a sweep that did not start: this replica may not write (its
-// leader lease may have passed to another replica, or its pod view is known
-// to be stale).
-var errFenced = errors.New("this replica may not write: its leader lease may have passed to another replica, or its pod view is stale")
-
 // sweep is the state of one Sweep.
 type sweep struct {
 	*Backfill
@@ -35,9 +29,6 @@ type sweep struct {
 }
 
 func (s *sweep) run(ctx context.Context, read func()) error {
-	if s.mayWrite != nil && !s.mayWrite() {
-		return errFenced
-	}
 	var err error
 	if s.inScope, err = s.scope(ctx); err != nil {
 		return err

@@ -7,7 +7,6 @@ package outage
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -161,147 +160,6 @@ func proxied(t *testing.T) (*framework.Proxy, *rest.Config) {
 	return p, cfg
 }
 
-// podWatchBreaker fails the pod list and watch requests (those of path,
-// when set: another resource's) of the transport it wraps while broken, and ends the pod watches open when it breaks: the pod
-// watch broken while the API server answers everything else. With expire,
-// a watch resumed from a resourceVersion is answered 410 Gone (the version
-// is too old, as after a long enough cut), so the reflector relists; with
-// delay, a relist (a LIST, or a watch-list stream) is answered at once but
-// its body comes delay later.
-type podWatchBreaker struct {
-	path    string
-	mu      sync.Mutex
-	broken  bool
-	expire  bool
-	delay   time.Duration
-	watches []io.Closer
-	// throttled answers the pod list and watch 429 with Retry-After, as API
-	// Priority and Fairness does; answered records when one was answered
-	// 200 after that.
-	throttled bool
-	answered  time.Time
-}
-
-func (b *podWatchBreaker) wrap(cfg *rest.Config) {
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
-			if path := cmp.Or(b.path, "/api/v1/pods"); req.URL.Path != path {
-				return rt.RoundTrip(req)
-			}
-			b.mu.Lock()
-			broken, expire, delay, throttled := b.broken, b.expire, b.delay, b.throttled
-			b.mu.Unlock()
-			q := req.URL.Query()
-			watching := q.Get("watch") == "true"
-			relist := !watching || q.Get("sendInitialEvents") == "true"
-			switch {
-			case broken:
-				return nil, errors.New("pod watch broken by the test")
-			case throttled:
-				return tooMany(req), nil
-			case expire && watching && !relist && q.Get("resourceVersion") != "":
-				return gone(req), nil
-			}
-			resp, err := rt.RoundTrip(req)
-			if err != nil {
-				return resp, err
-			}
-			b.mu.Lock()
-			if b.answered.IsZero() && resp.StatusCode == http.StatusOK {
-				b.answered = time.Now()
-			}
-			b.mu.Unlock()
-			if relist && delay > 0 {
-				resp.Body = &delayedBody{ReadCloser: resp.Body, until: time.Now().Add(delay)}
-			}
-			if watching {
-				b.mu.Lock()
-				b.watches = append(b.watches, resp.Body)
-				b.mu.Unlock()
-			}
-			return resp, err
-		})
-	})
-}
-
-func (b *podWatchBreaker) set(broken bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.broken = broken
-	if broken {
-		for _, w := range b.watches {
-			w.Close()
-		}
-		b.watches = nil
-	}
-}
-
-// throttle starts or ends the throttling of the pod list and watch; the
-// watches open are ended when it starts.
-func (b *podWatchBreaker) throttle(on bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.throttled = on
-	if on {
-		for _, w := range b.watches {
-			w.Close()
-		}
-		b.watches = nil
-	} else {
-		b.answered = time.Time{}
-	}
-}
-
-// firstAnswer returns when a pod list or watch was first answered 200 since
-// the throttling ended; zero before.
-func (b *podWatchBreaker) firstAnswer() time.Time {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.answered
-}
-
-// slowRelists makes the next relists come delay after their headers, and
-// resumed watches expire.
-func (b *podWatchBreaker) slowRelists(delay time.Duration) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.expire, b.delay = true, delay
-}
-
-// gone is the API server's answer to a watch from a resourceVersion it no
-// longer has.
-func gone(req *http.Request) *http.Response {
-	body := `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version (expired by the test)","reason":"Expired","code":410}`
-	return &http.Response{
-		StatusCode: http.StatusGone, Status: "410 Gone", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header:  http.Header{"Content-Type": []string{"application/json"}},
-		Body:    io.NopCloser(strings.NewReader(body)),
-		Request: req, ContentLength: int64(len(body)),
-	}
-}
-
-// tooMany is API Priority and Fairness' answer to a request it rejects.
-func tooMany(req *http.Request) *http.Response {
-	body := `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too many requests (throttled by the test)","reason":"TooManyRequests","details":{"retryAfterSeconds":1},"code":429}`
-	return &http.Response{
-		StatusCode: http.StatusTooManyRequests, Status: "429 Too Many Requests", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header:  http.Header{"Content-Type": []string{"application/json"}, "Retry-After": []string{"1"}},
-		Body:    io.NopCloser(strings.NewReader(body)),
-		Request: req, ContentLength: int64(len(body)),
-	}
-}
-
-// delayedBody holds its first read until until.
-type delayedBody struct {
-	io.ReadCloser
-	until time.Time
-}
-
-func (d *delayedBody) Read(p []byte) (int, error) {
-	time.Sleep(time.Until(d.until))
-	return d.ReadCloser.Read(p)
-}
-
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
@@ -371,13 +229,13 @@ var workerPools = &config.Config{Parents: []config.Parent{{Group: "example.tally
 func TestNoWriteFromAStaleView(t *testing.T) {
 	ns, pods := createPool(t, 6)
 	cfg := rest.CopyConfig(env.Config)
-	var breaker podWatchBreaker
-	breaker.wrap(cfg)
+	var breaker framework.WatchBreaker
+	breaker.Wrap(cfg)
 	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
 	seen := watchCompleting(t, ns)
 
-	breaker.set(true)
+	breaker.Set(true)
 	require.Eventually(t, func() bool { return staleSeconds(t) > 0 }, 10*time.Second, 50*time.Millisecond, "the broken pod watch is not noticed")
 	markIntent(t, pods[:3])
 	// From the stale pods the aggregator would write completing: 0 over it.
@@ -385,7 +243,7 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 	time.Sleep(4 * time.Second)
 	assert.Equal(t, int64(99), completing(t, ns), "written from a pod view known to be stale")
 
-	breaker.set(false)
+	breaker.Set(false)
 	restored := time.Now()
 	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 30*time.Second, 50*time.Millisecond)
 	t.Logf("pod watch broken %s; counts right %s after it could deliver again", 4*time.Second, time.Since(restored).Round(10*time.Millisecond))
@@ -400,18 +258,18 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
 	ns, pods := createPool(t, 6)
 	cfg := rest.CopyConfig(env.Config)
-	var breaker podWatchBreaker
-	breaker.wrap(cfg)
+	var breaker framework.WatchBreaker
+	breaker.Wrap(cfg)
 	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
 	seen := watchCompleting(t, ns)
 
-	breaker.set(true)
+	breaker.Set(true)
 	require.Eventually(t, func() bool { return staleSeconds(t) > 0 }, 10*time.Second, 50*time.Millisecond, "the broken pod watch is not noticed")
 	markIntent(t, pods[:3])
 	const delay = 10 * time.Second
-	breaker.slowRelists(delay)
-	breaker.set(false)
+	breaker.SlowRelists(delay)
+	breaker.Set(false)
 	reconnected := time.Now()
 	time.Sleep(2 * time.Second)
 	// A parent event while the relist's events are on their way.
@@ -545,21 +403,21 @@ func TestLeaderWithAStaleViewGivesWay(t *testing.T) {
 	require.NoError(t, err)
 	ns, pods := createPool(t, 6)
 	leaderCfg := rest.CopyConfig(env.Config)
-	var breaker podWatchBreaker
-	breaker.wrap(leaderCfg)
+	var breaker framework.WatchBreaker
+	breaker.Wrap(leaderCfg)
 	runElected(t, leaderCfg, leaseNS)
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond, "the first replica never led")
 	runElected(t, rest.CopyConfig(env.Config), leaseNS)
 	time.Sleep(3 * time.Second) // the standby's caches sync
 
-	breaker.set(true)
+	breaker.Set(true)
 	broken := time.Now()
 	markIntent(t, pods[:3])
 	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 60*time.Second, 100*time.Millisecond,
 		"the standby never took over from a leader with a stale view")
 	t.Logf("leader's pod watch broken: counts right %s later, written by the standby", time.Since(broken).Round(100*time.Millisecond))
 	assert.Contains(t, logs.String(), "giving up the lease")
-	breaker.set(false)
+	breaker.Set(false)
 }
 
 // TestThrottlingIsNotAnOutage: with two replicas, the API server throttles
@@ -574,10 +432,10 @@ func TestThrottlingIsNotAnOutage(t *testing.T) {
 	leaseNS, err := env.Namespace(ctx, "lease")
 	require.NoError(t, err)
 	ns, pods := createPool(t, 6)
-	var throttler podWatchBreaker
+	var throttler framework.WatchBreaker
 	cfgA, cfgB := rest.CopyConfig(env.Config), rest.CopyConfig(env.Config)
-	throttler.wrap(cfgA)
-	throttler.wrap(cfgB)
+	throttler.Wrap(cfgA)
+	throttler.Wrap(cfgB)
 	runElected(t, cfgA, leaseNS)
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond, "the first replica never led")
 	runElected(t, cfgB, leaseNS)
@@ -591,7 +449,7 @@ func TestThrottlingIsNotAnOutage(t *testing.T) {
 	require.NotEmpty(t, leader)
 	seen := watchCompleting(t, ns)
 
-	throttler.throttle(true)
+	throttler.Throttle(true)
 	markIntent(t, pods[:3])
 	overwrite(t, ns)
 	for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
@@ -599,10 +457,10 @@ func TestThrottlingIsNotAnOutage(t *testing.T) {
 	}
 	assert.Equal(t, int64(99), completing(t, ns), "written from the pods as they were before the throttling")
 
-	throttler.throttle(false)
+	throttler.Throttle(false)
 	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 30*time.Second, 50*time.Millisecond)
 	right := time.Now()
-	first := throttler.firstAnswer()
+	first := throttler.FirstAnswer()
 	require.False(t, first.IsZero())
 	t.Logf("pod list and watch throttled 60s, two replicas: the lease stayed with %s; counts right %s after the first pod list or watch answered", leader, right.Sub(first).Round(10*time.Millisecond))
 	assert.Less(t, right.Sub(first), 15*time.Second, "a generous bound: the issue's target is 5 s")
@@ -776,11 +634,11 @@ func TestRecoversFromAnAPIServerRestart(t *testing.T) {
 func TestAParentCacheBehindIsReadLive(t *testing.T) {
 	ns, pods := createPool(t, 6)
 	cfg := rest.CopyConfig(env.Config)
-	breaker := podWatchBreaker{path: "/apis/example.tally.dev/v1/workerpools"}
-	breaker.wrap(cfg)
+	breaker := framework.WatchBreaker{Path: "/apis/example.tally.dev/v1/workerpools"}
+	breaker.Wrap(cfg)
 	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond)
-	breaker.set(true)
+	breaker.Set(true)
 	var conflicts float64
 	for i, p := range pods[:4] {
 		markIntent(t, []*corev1.Pod{p})
@@ -794,5 +652,5 @@ func TestAParentCacheBehindIsReadLive(t *testing.T) {
 	conflicted := counter(t, "tally_aggregator_apply_conflicts_total") - conflicts
 	t.Logf("3 pods marked while the parent cache lagged behind the last write: %v conflicts", conflicted)
 	assert.LessOrEqual(t, conflicted, 3.0, "409 answers: one for each write at most")
-	breaker.set(false)
+	breaker.Set(false)
 }

@@ -14,9 +14,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -301,14 +299,14 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			rep.proxy.Restore()
 		case 2, 3:
 			r.note("replica %d: pod watch broken for %s", i, d)
-			rep.faults.set(broken)
+			rep.faults.Set(true)
 			time.Sleep(d)
-			rep.faults.set(healthy)
+			rep.faults.Set(false)
 		case 4:
 			r.note("replica %d: pod lists and watches answered 429 for %s", i, d)
-			rep.faults.set(throttled)
+			rep.faults.Throttle(true)
 			time.Sleep(d)
-			rep.faults.set(healthy)
+			rep.faults.Throttle(false)
 		case 5, 6:
 			r.note("replica %d stopped, started again %s later", i, d)
 			rep.stop()
@@ -403,7 +401,7 @@ type replica struct {
 	cfg    *config.Config
 	rest   *rest.Config
 	proxy  *framework.Proxy
-	faults *podFaults
+	faults *framework.WatchBreaker
 	leases string
 
 	mu     sync.Mutex
@@ -420,8 +418,8 @@ func newReplica(t *testing.T, cfg *config.Config, ns string) *replica {
 	rc := rest.CopyConfig(env.Config)
 	rc.Host = "https://" + p.Addr()
 	rc.ServerName = host.Hostname()
-	f := &podFaults{}
-	f.wrap(rc)
+	f := &framework.WatchBreaker{}
+	f.Wrap(rc)
 	return &replica{cfg: cfg, rest: rc, proxy: p, faults: f, leases: ns}
 }
 
@@ -453,66 +451,6 @@ func (rep *replica) stop() {
 		<-done
 	}
 }
-
-// podFaults breaks or throttles a replica's pod lists and watches.
-type podFaults struct {
-	mu      sync.Mutex
-	state   faultState
-	watches []io.Closer
-}
-
-type faultState int
-
-const (
-	healthy faultState = iota
-	broken
-	throttled
-)
-
-func (f *podFaults) wrap(cfg *rest.Config) {
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
-			if req.URL.Path != "/api/v1/pods" {
-				return rt.RoundTrip(req)
-			}
-			f.mu.Lock()
-			state := f.state
-			f.mu.Unlock()
-			switch state {
-			case broken:
-				return nil, fmt.Errorf("pod watch broken by the test")
-			case throttled:
-				return &http.Response{StatusCode: http.StatusTooManyRequests, Status: "429 Too Many Requests", Request: req,
-					Header: http.Header{"Retry-After": {"1"}, "Content-Type": {"application/json"}},
-					Body:   io.NopCloser(strings.NewReader(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429}`))}, nil
-			}
-			resp, err := rt.RoundTrip(req)
-			if err == nil && req.URL.Query().Get("watch") == "true" {
-				f.mu.Lock()
-				f.watches = append(f.watches, resp.Body)
-				f.mu.Unlock()
-			}
-			return resp, err
-		})
-	})
-}
-
-// set changes the state; breaking or throttling ends the watches open.
-func (f *podFaults) set(s faultState) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.state = s
-	if s != healthy {
-		for _, w := range f.watches {
-			w.Close()
-		}
-		f.watches = nil
-	}
-}
-
-type roundTripperFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // counter reads the process's counter name, summed over its series.
 func counter(t *testing.T, name string) float64 {

@@ -1,0 +1,78 @@
+package aggregate
+
+import (
+	"context"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// pass is what one Reconcile carries, in its context, through the
+// reconcile of its parent and the one more run on the parent read from the
+// API server: the pod view's epoch its counts were taken in, the pods whose
+// finalizer it released, and whether an apply met a newer parent than it
+// read. Outside a Reconcile there is none, and a nil pass tells nothing.
+type pass struct {
+	epoch uint64
+
+	mu       sync.Mutex
+	released map[types.UID]bool
+	lagged   bool
+}
+
+type passKey struct{}
+
+func withPass(ctx context.Context, epoch uint64) (context.Context, *pass) {
+	p := &pass{epoch: epoch, released: map[types.UID]bool{}}
+	return context.WithValue(ctx, passKey{}, p), p
+}
+
+func passOf(ctx context.Context) *pass {
+	p, _ := ctx.Value(passKey{}).(*pass)
+	return p
+}
+
+// release records that the pass released pod uid's finalizer.
+func (p *pass) release(uid types.UID) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.released[uid] = true
+}
+
+// unreleased returns the pods the pass has not released.
+func (p *pass) unreleased(pods []*Pod) []*Pod {
+	if p == nil {
+		return pods
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*Pod
+	for _, pod := range pods {
+		if !p.released[pod.UID] {
+			out = append(out, pod)
+		}
+	}
+	return out
+}
+
+// lag records that an apply met a newer parent than the pass read.
+func (p *pass) lag() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lagged = true
+}
+
+// takeLagged reports, once, whether an apply met a newer parent.
+func (p *pass) takeLagged() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lagged := p.lagged
+	p.lagged = false
+	return lagged
+}

@@ -1,0 +1,162 @@
+package framework
+
+import (
+	"cmp"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// WatchBreaker fails the pod list and watch requests (those of Path, when
+// set: another resource's) of the transports it wraps while broken, and
+// ends the watches open when it breaks: the pod watch broken while the API
+// server answers everything else. With expire,
+// a watch resumed from a resourceVersion is answered 410 Gone (the version
+// is too old, as after a long enough cut), so the reflector relists; with
+// delay, a relist (a LIST, or a watch-list stream) is answered at once but
+// its body comes delay later.
+type WatchBreaker struct {
+	// Path is the resource's path; the pods' when empty.
+	Path    string
+	mu      sync.Mutex
+	broken  bool
+	expire  bool
+	delay   time.Duration
+	watches []io.Closer
+	// throttled answers the pod list and watch 429 with Retry-After, as API
+	// Priority and Fairness does; answered records when one was answered
+	// 200 after that.
+	throttled bool
+	answered  time.Time
+}
+
+// Wrap makes cfg's requests go through b.
+func (b *WatchBreaker) Wrap(cfg *rest.Config) {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripper(func(req *http.Request) (*http.Response, error) {
+			if path := cmp.Or(b.Path, "/api/v1/pods"); req.URL.Path != path {
+				return rt.RoundTrip(req)
+			}
+			b.mu.Lock()
+			broken, expire, delay, throttled := b.broken, b.expire, b.delay, b.throttled
+			b.mu.Unlock()
+			q := req.URL.Query()
+			watching := q.Get("watch") == "true"
+			relist := !watching || q.Get("sendInitialEvents") == "true"
+			switch {
+			case broken:
+				return nil, errors.New("pod watch broken by the test")
+			case throttled:
+				return tooMany(req), nil
+			case expire && watching && !relist && q.Get("resourceVersion") != "":
+				return expired(req), nil
+			}
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				return resp, err
+			}
+			b.mu.Lock()
+			if b.answered.IsZero() && resp.StatusCode == http.StatusOK {
+				b.answered = time.Now()
+			}
+			b.mu.Unlock()
+			if relist && delay > 0 {
+				resp.Body = &delayedBody{ReadCloser: resp.Body, until: time.Now().Add(delay)}
+			}
+			if watching {
+				b.mu.Lock()
+				b.watches = append(b.watches, resp.Body)
+				b.mu.Unlock()
+			}
+			return resp, err
+		})
+	})
+}
+
+// Set breaks the watch, or repairs it.
+func (b *WatchBreaker) Set(broken bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.broken = broken
+	if broken {
+		for _, w := range b.watches {
+			w.Close()
+		}
+		b.watches = nil
+	}
+}
+
+// Throttle starts or ends the throttling of the pod list and watch; the
+// watches open are ended when it starts.
+func (b *WatchBreaker) Throttle(on bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.throttled = on
+	if on {
+		for _, w := range b.watches {
+			w.Close()
+		}
+		b.watches = nil
+	} else {
+		b.answered = time.Time{}
+	}
+}
+
+// FirstAnswer returns when a pod list or watch was first answered 200 since
+// the throttling ended; zero before.
+func (b *WatchBreaker) FirstAnswer() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.answered
+}
+
+// SlowRelists makes the next relists come delay after their headers, and
+// resumed watches expire.
+func (b *WatchBreaker) SlowRelists(delay time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expire, b.delay = true, delay
+}
+
+// expired is the API server's answer to a watch from a resourceVersion it no
+// longer has.
+func expired(req *http.Request) *http.Response {
+	body := `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version (expired by the test)","reason":"Expired","code":410}`
+	return &http.Response{
+		StatusCode: http.StatusGone, Status: "410 Gone", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:  http.Header{"Content-Type": []string{"application/json"}},
+		Body:    io.NopCloser(strings.NewReader(body)),
+		Request: req, ContentLength: int64(len(body)),
+	}
+}
+
+// tooMany is API Priority and Fairness' answer to a request it rejects.
+func tooMany(req *http.Request) *http.Response {
+	body := `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too many requests (throttled by the test)","reason":"TooManyRequests","details":{"retryAfterSeconds":1},"code":429}`
+	return &http.Response{
+		StatusCode: http.StatusTooManyRequests, Status: "429 Too Many Requests", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:  http.Header{"Content-Type": []string{"application/json"}, "Retry-After": []string{"1"}},
+		Body:    io.NopCloser(strings.NewReader(body)),
+		Request: req, ContentLength: int64(len(body)),
+	}
+}
+
+// delayedBody holds its first read until until.
+type delayedBody struct {
+	io.ReadCloser
+	until time.Time
+}
+
+func (d *delayedBody) Read(p []byte) (int, error) {
+	time.Sleep(time.Until(d.until))
+	return d.ReadCloser.Read(p)
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
