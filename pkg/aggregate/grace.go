@@ -71,24 +71,39 @@ func reportHeld(kind schema.GroupKind, held map[types.UID]heldPod, now time.Time
 	oldestHeldPod.WithLabelValues(kind.String()).Set(oldest.Seconds())
 }
 
+// heldAtMost is how many graces a finished pod is held at most after the
+// finish its own metadata shows (Pod.FinishedAt), whatever became of the
+// processes that saw it: a grace used in a process that stopped (a manager
+// restarted, a leader that changed) is not lost to the bound. A pod past it
+// is released once its grace has run in this process, however little.
+const heldAtMost = 5
+
+// pastHoldLimit reports whether pod finished, as it shows, heldAtMost
+// graces ago or more.
+func pastHoldLimit(pod *Pod, now time.Time, grace time.Duration) bool {
+	return pod.FinishedAt != 0 && now.Sub(time.Unix(pod.FinishedAt, 0)) >= heldAtMost*grace
+}
+
 // overdue returns what is known of each held pod after this pass — a pod
 // not seen before is seen now, with none of its grace used; one seen
 // before adds elapsed to the grace it used when its grace runs now (runs)
-// — and the pods that have used all of it. Pods no longer held are
-// forgotten.
+// — and the pods to release: those that have used all of it, and those
+// past the hold limit whose grace has run in this process. Pods no longer
+// held are forgotten.
 func overdue(held []*Pod, before map[types.UID]heldPod, now time.Time, elapsed, grace time.Duration, runs func(*Pod) bool) (map[types.UID]heldPod, []*Pod) {
 	known := make(map[types.UID]heldPod, len(held))
 	var expired []*Pod
 	for _, pod := range held {
 		h, seen := before[pod.UID]
+		running := runs(pod)
 		switch {
 		case !seen:
 			h = heldPod{seen: now}
-		case runs(pod):
+		case running:
 			h.used += elapsed
 		}
 		known[pod.UID] = h
-		if h.used >= grace {
+		if h.used >= grace || running && h.used > 0 && pastHoldLimit(pod, now, grace) {
 			expired = append(expired, pod)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +48,11 @@ type Pod struct {
 	// webhook's rules give it (set by a client the webhook did not see);
 	// the backfill sweep corrects it.
 	Misstamped bool
+	// FinishedAt is, for a finished pod carrying keys.TrackingFinalizer,
+	// the latest time its own metadata shows for its finish (finishedAt),
+	// in Unix seconds; 0 otherwise, or when it shows none. It bounds how
+	// long the pod is held whatever became of the processes that saw it.
+	FinishedAt int64
 }
 
 // Controller is a pod's controller ownerReference.
@@ -118,6 +124,11 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 	}
 	_, out.Intent = pod.Annotations[keys.CompletionIntent]
 	out.Tracking = slices.Contains(pod.Finalizers, keys.TrackingFinalizer)
+	if out.Tracking && out.Finished() {
+		if t := finishedAt(pod); !t.IsZero() {
+			out.FinishedAt = t.Unix()
+		}
+	}
 	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
 		out.Controller = Controller{Name: intern(ref.Name), UID: ref.UID}
 		if out.Controller.UID == out.ParentUID {
@@ -136,6 +147,29 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 		}
 	}
 	return out
+}
+
+// finishedAt returns the latest time that pod's own metadata shows for its
+// finish: when its deletion was asked for (deletionTimestamp less its grace
+// period) and, for a terminal pod, the last change any client made to it
+// (managedFields: the change to a terminal phase is one of them). So it is
+// never earlier than the finish. Zero when the pod shows neither.
+func finishedAt(pod *corev1.Pod) time.Time {
+	var t time.Time
+	if dt := pod.DeletionTimestamp; dt != nil {
+		t = dt.Time
+		if g := pod.DeletionGracePeriodSeconds; g != nil {
+			t = t.Add(-time.Duration(*g) * time.Second)
+		}
+	}
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		for _, f := range pod.ManagedFields {
+			if f.Time != nil && f.Time.After(t) {
+				t = f.Time.Time
+			}
+		}
+	}
+	return t
 }
 
 // intern returns the canonical copy of s: the strings that pods share

@@ -76,8 +76,12 @@ const parentReadWait = 2 * time.Second
 // tell whether the kind is servable. A pod whose finish no reconcile would
 // record — its parent gone (as the cache shows it), its kind keeping no
 // totals, its namespace out of scope — uses its grace without waiting for
-// a reconcile. An aggregator that was away, however long, gives every pod
-// the whole grace when it comes back.
+// a reconcile. An aggregator that was away gives every pod the whole grace
+// when it comes back, except a pod that finished, as its own metadata
+// shows, heldAtMost graces ago or more: it is released once its grace has
+// run in this process at all (a pass), recorded or not. So no history of
+// restarts and leader changes, each starting the grace anew, holds a pod
+// much past heldAtMost graces after its finish.
 //
 // The release of a parent's pods as lost and the recording of its pods in
 // its ledger exclude each other (recordLocks): a pod is counted in a total
@@ -191,11 +195,12 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	known, expired := overdue(held, u.held[kind], now, elapsed, u.grace, runs)
 	u.held[kind] = known
 	reportHeld(kind, known, now)
-	// A pod held for a second grace is released even when whether it is
-	// lost cannot be told (its parent's ledger unreadable): the bound holds.
-	overdueTwice := map[types.UID]bool{}
+	// A pod held for a second grace, or past the hold limit, is released
+	// even when whether it is lost cannot be told (its parent's ledger
+	// unreadable): the bound holds.
+	forced := map[types.UID]bool{}
 	for _, pod := range expired {
-		overdueTwice[pod.UID] = known[pod.UID].used >= 2*u.grace
+		forced[pod.UID] = known[pod.UID].used >= 2*u.grace || pastHoldLimit(pod, now, u.grace)
 	}
 	u.mu.Unlock()
 	if !writes {
@@ -231,8 +236,8 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 			"tally released these pods after the tracking grace, uncounted: their parent is gone, their kind keeps no totals, or their namespace is not one tally's webhook registration selects"))
 	}
 	if len(lost) > 0 {
-		errs = append(errs, u.releaseAll(ctx, p, lost, overdueTwice, "lost",
-			fmt.Sprintf("tally could not record these pods within the tracking grace (%s): released; they are not counted in the totals", u.grace)))
+		errs = append(errs, u.releaseAll(ctx, p, lost, forced, "lost",
+			fmt.Sprintf("tally could not record these pods within the tracking grace (%s), or within %d graces of their finish: released; they are not counted in the totals", u.grace, heldAtMost)))
 	}
 	return errors.Join(errs...)
 }

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/pkg/config"
@@ -35,6 +36,11 @@ func TestOverdue(t *testing.T) {
 		if deleted > 0 {
 			p.DeletionTimestamp = &metav1.Time{Time: now.Add(-deleted)}
 		}
+		return p
+	}
+	finishedAgo := func(uid types.UID, ago time.Duration) *Pod {
+		p := held(uid, 0)
+		p.FinishedAt = now.Add(-ago).Unix()
 		return p
 	}
 	used := func(d time.Duration) heldPod { return heldPod{seen: now.Add(-time.Hour), used: d} }
@@ -66,6 +72,18 @@ func TestOverdue(t *testing.T) {
 			before: map[types.UID]heldPod{"a": used(time.Second), "b": used(time.Second)}, elapsed: time.Second,
 			runs: func(p *Pod) bool { return p.UID == "a" },
 			want: map[types.UID]heldPod{"a": used(2 * time.Second), "b": used(time.Second)}},
+		{name: "past the hold limit: released once its grace ran here, however little",
+			held: []*Pod{finishedAgo("a", 5*grace)}, before: map[types.UID]heldPod{"a": used(0)}, elapsed: 2 * time.Second, runs: always,
+			want: map[types.UID]heldPod{"a": used(2 * time.Second)}, wantExpired: []types.UID{"a"}},
+		{name: "past the hold limit, first seen: held for a pass",
+			held: []*Pod{finishedAgo("a", time.Hour)}, elapsed: 2 * time.Second, runs: always,
+			want: map[types.UID]heldPod{"a": {seen: now}}},
+		{name: "past the hold limit, paused: held",
+			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(time.Second)}, elapsed: 2 * time.Second, runs: never,
+			want: map[types.UID]heldPod{"a": used(time.Second)}},
+		{name: "within the hold limit: the grace decides",
+			held: []*Pod{finishedAgo("a", 5*grace-time.Second)}, before: map[types.UID]heldPod{"a": used(time.Second)}, elapsed: 2 * time.Second, runs: always,
+			want: map[types.UID]heldPod{"a": used(3 * time.Second)}},
 		{name: "pods no longer held are forgotten", held: []*Pod{held("b", 0)}, before: map[types.UID]heldPod{"a": used(time.Hour)},
 			runs: always, want: map[types.UID]heldPod{"b": {seen: now}}},
 	}
@@ -343,6 +361,44 @@ func TestListed(t *testing.T) {
 			if tt.wantShown > 1 {
 				assert.LessOrEqual(t, len(got), listedBytes+len(" and 100 more"))
 			}
+		})
+	}
+}
+
+func TestFinishedAt(t *testing.T) {
+	at := func(s int64) *metav1.Time { return &metav1.Time{Time: time.Unix(s, 0)} }
+	tracked := []string{keys.TrackingFinalizer}
+	fields := []metav1.ManagedFieldsEntry{{Manager: "webhook", Time: at(1_000)}, {Manager: "kubelet", Subresource: "status", Time: at(1_500)}, {Manager: "none"}}
+	tests := []struct {
+		name string
+		pod  corev1.Pod
+		want int64
+	}{
+		{name: "terminal: the last change made to it",
+			pod:  corev1.Pod{ObjectMeta: metav1.ObjectMeta{Finalizers: tracked, ManagedFields: fields}, Status: corev1.PodStatus{Phase: corev1.PodFailed}},
+			want: 1_500},
+		{name: "deleted while running: when its deletion was asked for",
+			pod: corev1.Pod{ObjectMeta: metav1.ObjectMeta{Finalizers: tracked, ManagedFields: fields, DeletionTimestamp: at(2_030), DeletionGracePeriodSeconds: ptr.To[int64](30)},
+				Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+			want: 2_000},
+		{name: "terminal, then deleted: the later",
+			pod: corev1.Pod{ObjectMeta: metav1.ObjectMeta{Finalizers: tracked, ManagedFields: fields, DeletionTimestamp: at(1_200)},
+				Status: corev1.PodStatus{Phase: corev1.PodSucceeded}},
+			want: 1_500},
+		{name: "terminal, no time shown: unknown",
+			pod:  corev1.Pod{ObjectMeta: metav1.ObjectMeta{Finalizers: tracked}, Status: corev1.PodStatus{Phase: corev1.PodSucceeded}},
+			want: 0},
+		{name: "running: not finished",
+			pod:  corev1.Pod{ObjectMeta: metav1.ObjectMeta{Finalizers: tracked, ManagedFields: fields}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+			want: 0},
+		{name: "finished, not tracked: not kept",
+			pod:  corev1.Pod{ObjectMeta: metav1.ObjectMeta{ManagedFields: fields}, Status: corev1.PodStatus{Phase: corev1.PodFailed}},
+			want: 0},
+	}
+	r := NewReducer(nil)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, r.Pod(&tt.pod).FinishedAt)
 		})
 	}
 }

@@ -410,6 +410,37 @@ func TestAwayLongerThanTheGrace(t *testing.T) {
 	}, 60*time.Second, 100*time.Millisecond, "every pod deleted while the aggregator was away is counted")
 }
 
+// TestHeldAtMostAcrossRestarts: the pool's status writes are refused, so
+// no pod can be recorded, and the aggregator is killed and started again
+// every 6 s, so that no process lives long enough to use a whole grace (8
+// s). The pods are released all the same, as lost, within the hold limit
+// (5 graces after their finish, as the pods show it) and a few passes;
+// before, each process started the grace anew and they were held forever.
+func TestHeldAtMostAcrossRestarts(t *testing.T) {
+	framework.Long(t)
+	ctx := context.Background()
+	ns := namespace(t)
+	startWebhook(t, ns, withTotals)
+	const grace = 8 * time.Second
+	_, pods := createPool(t, ns, "pool", 10)
+	unblock := blockStatusWrites(t, ns)
+	defer unblock()
+	for _, p := range pods {
+		require.NoError(t, env.Client.Delete(ctx, p.DeepCopy()))
+	}
+	deleted := time.Now()
+	a := startAggregator(t, "aggregator", withTotals, "", "--tracking-grace", grace.String())
+	for time.Since(deleted) < 5*grace+20*time.Second && len(withFinalizer(t, ns)) > 0 {
+		time.Sleep(6 * time.Second)
+		a.kill()
+		a.start()
+	}
+	require.Empty(t, withFinalizer(t, ns), "pods held %s after they were deleted, under an aggregator restarted every 6 s", time.Since(deleted).Round(time.Second))
+	t.Logf("every pod released %s after it was deleted (hold limit %s)", time.Since(deleted).Round(time.Second), 5*grace)
+	c, u, ledger := totals(t, ns, "pool")
+	assert.Equal(t, [3]int64{0, 0, 0}, [3]int64{c, u, int64(ledger)}, "nothing could be recorded: the pods are lost, not counted")
+}
+
 // TestTrackingFinalizerCannotComeBack: a pod recorded and released cannot
 // be given the tracking finalizer back by an ordinary UPDATE (it would be
 // recorded a second time): the chart's policy refuses it.
