@@ -68,7 +68,8 @@ const DefaultLeaderElectionID = "tally-aggregator"
 // caches have synced, on the leader and on standbys alike; no status is
 // written before that, nor by a replica that may have lost the lease, nor
 // from a pod view known to be stale. When its manager cannot start (the API
-// server unreachable) or stops (the lease lost), the aggregator starts a new
+// server unreachable) or stops (the lease lost, the pod view stale while the
+// API server answers: staleView), the aggregator starts a new
 // one in this process after a bounded back-off, not ready meanwhile: a
 // process that exited instead would pile up the kubelet's restart back-off
 // (up to 5 minutes) on top of the outage.
@@ -119,10 +120,11 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 			return err
 		}
 		wait := backoff.next(time.Since(start))
-		if errors.Is(err, errStaleLeader) {
+		if errors.Is(err, errStaleView) && opts.LeaderElect {
 			// Let a replica with a fresh view take the lease first.
 			wait = 2 * RetryPeriod
 		}
+		managerRestarts.WithLabelValues(restartReason(err)).Inc()
 		log.Error(err, "Aggregator stopped; starting again in this process", "ran", time.Since(start).Round(time.Second).String(), "in", wait.String())
 		select {
 		case <-ctx.Done():
@@ -227,10 +229,8 @@ func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, o
 		return err
 	}
 	p.set(synced)
-	if opts.LeaderElect {
-		if err := mgr.Add(staleLeader(restCfg, watch, staleLeaderAfter)); err != nil {
-			return err
-		}
+	if err := mgr.Add(staleView(restCfg, watch, staleViewAfter)); err != nil {
+		return err
 	}
 	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect, "leaderElectionID", opts.LeaderElectionID,
 		"maxConcurrentReconciles", opts.MaxConcurrentReconciles, "backfillInterval", opts.BackfillInterval.String(), "trackingGrace", opts.TrackingGrace.String(), "verifyOwner", cfg.VerifyOwner)

@@ -2,19 +2,16 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/client-go/discovery"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
 // Leader election timing: a standby takes over LeaseDuration after the
@@ -109,62 +106,4 @@ func (l *fencedLock) Holds() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return time.Now().Before(l.validUntil)
-}
-
-// staleLeaderAfter is how long the leader keeps the lease while its pod view
-// is stale and the API server answers.
-const staleLeaderAfter = 10 * time.Second
-
-// errStaleLeader stops a leader whose pod view stays stale while the API
-// server answers.
-var errStaleLeader = errors.New("giving up the lease: the pod view stayed stale while the API server answers")
-
-// staleLeader runs on the leader: when its pod view has stayed stale for
-// after (staleLeaderAfter) while the API server answered, it stops the
-// manager, which releases the lease, so that a replica with a fresh view
-// takes over (this one starts again with new caches, and competes after 2
-// RetryPeriods). Only the time the API server answered, and did not throttle
-// the pod list or watch, counts: a view that is stale because the API server
-// is away, or throttles pod lists (429), is not this replica's fault (every
-// replica's is), and after an outage the watch needs a moment to deliver
-// again. Nothing is written from the stale view meanwhile (MayWrite).
-func staleLeader(restCfg *rest.Config, watch *watchMonitor, after time.Duration) manager.Runnable {
-	return manager.RunnableFunc(func(ctx context.Context) error {
-		cfg := rest.CopyConfig(restCfg)
-		cfg.Timeout = 2 * time.Second
-		disco, err := discovery.NewDiscoveryClientForConfig(cfg)
-		if err != nil {
-			return err
-		}
-		ticker := time.NewTicker(time.Second)
-		defer ticker.Stop()
-		// answering is since when the API server has answered while the
-		// view was stale; zero when it has not.
-		var answering time.Time
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-ticker.C:
-			}
-			if watch.fresh() || watch.isThrottled() {
-				// Throttling is back-pressure, which every replica would
-				// meet alike: giving up the lease would only make each new
-				// leader relist, and the lease change hands in turn.
-				answering = time.Time{}
-				continue
-			}
-			if _, err := disco.ServerVersion(); err != nil {
-				answering = time.Time{}
-				continue
-			}
-			if answering.IsZero() {
-				answering = time.Now()
-			}
-			if waited := time.Since(answering); waited >= after {
-				return fmt.Errorf("%w (stale for %s, %s of it with the API server answering)", errStaleLeader,
-					watch.stale().Round(time.Second), waited.Round(time.Second))
-			}
-		}
-	})
 }

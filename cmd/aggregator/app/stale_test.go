@@ -1,0 +1,92 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
+)
+
+// TestStaleViewStopsTheManager: a replica whose pod list fails while the
+// API server answers stops its manager (a leader gives the lease up),
+// even when the API server misses every other check; one whose pod list
+// is throttled (429, API Priority and Fairness) keeps it, since every
+// replica would be throttled alike.
+func TestStaleViewStopsTheManager(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		// missed reports whether the API server leaves check n unanswered.
+		missed func(n int64) bool
+		stops  bool
+	}{
+		{name: "throttled", status: http.StatusTooManyRequests, stops: false},
+		{name: "failing", status: http.StatusInternalServerError, stops: true},
+		{name: "forbidden", status: http.StatusForbidden, stops: true},
+		{name: "failing, every other check unanswered", status: http.StatusInternalServerError, stops: true,
+			missed: func(n int64) bool { return n%2 == 0 }},
+		{name: "failing, the API server away", status: http.StatusInternalServerError, stops: false,
+			missed: func(int64) bool { return true }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var checks atomic.Int64
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == podWatchPath {
+					w.Header().Set("Retry-After", "1")
+					http.Error(w, http.StatusText(tc.status), tc.status)
+					return
+				}
+				if tc.missed != nil && tc.missed(checks.Add(1)) {
+					http.Error(w, "unavailable", http.StatusServiceUnavailable)
+					return
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
+			}))
+			defer api.Close()
+			cfg := &rest.Config{Host: api.URL}
+			watch := newWatchMonitor(logr.Discard())
+			watch.wrap(cfg)
+			client, err := rest.HTTPClientFor(cfg)
+			require.NoError(t, err)
+			list := api.URL + podWatchPath + "?labelSelector=" + url.QueryEscape(podSelector)
+			resp, err := client.Get(list)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.False(t, watch.fresh(), "a pod list answered %d leaves the view stale", tc.status)
+
+			ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+			defer cancel()
+			err = staleView(cfg, watch, 2*time.Second).Start(ctx)
+			if tc.stops {
+				assert.True(t, errors.Is(err, errStaleView), "the manager ran on with a stale view: %v", err)
+				assert.Equal(t, "stale_view", restartReason(err))
+			} else {
+				assert.NoError(t, err, "the manager stopped, though no new one could do better")
+			}
+		})
+	}
+}
+
+func TestRestartReason(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{errStaleView, "stale_view"},
+		{errors.New("leader election lost"), "lease_lost"},
+		{errors.New("failed to wait for caches to sync"), "error"},
+		{nil, "error"},
+	} {
+		assert.Equal(t, tc.want, restartReason(tc.err), "%v", tc.err)
+	}
+}
