@@ -3,9 +3,11 @@
 // churn of pods, on a real API server, and checks the specification's
 // invariants on what the API server recorded: every status the pools took,
 // as watched, and the pods at the end. The faults: a replica cut off from
-// the API server, its pod watch broken, its pod lists and watches
-// throttled (429), the replica stopped and started again, kube-apiserver
-// killed and started again. A failing seed prints its schedule; `make
+// the API server, its pod watch broken (up to 16 s: past the bound after
+// which it starts a new manager), its pod lists and watches throttled
+// (429), the replica stopped and started again, every replica stopped for
+// a while (no leader while pods finish), kube-apiserver killed and started
+// again. A failing seed prints its schedule; `make
 // robustness SEED=n` runs it again, `make robustness DURATION=2h` runs
 // seeds one after another for that long.
 package robustness
@@ -291,13 +293,16 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 		i := rng.IntN(len(r.replicas))
 		rep := r.replicas[i]
 		d := time.Duration(1+rng.IntN(8)) * time.Second
-		switch rng.IntN(9) {
+		switch rng.IntN(11) {
 		case 0, 1:
 			r.note("replica %d cut off from the API server for %s", i, d)
 			rep.proxy.CutOff()
 			time.Sleep(d)
 			rep.proxy.Restore()
 		case 2, 3:
+			// Up to 16 s: past staleViewAfter, the replica starts a new
+			// manager.
+			d *= 2
 			r.note("replica %d: pod watch broken for %s", i, d)
 			rep.faults.Set(true)
 			time.Sleep(d)
@@ -312,6 +317,17 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			rep.stop()
 			time.Sleep(d)
 			rep.start()
+		case 9, 10:
+			// The leader lost with its node, and no standby running: pods
+			// finish with no replica to record them.
+			r.note("every replica stopped, started again %s later", d)
+			for _, rep := range r.replicas {
+				rep.stop()
+			}
+			time.Sleep(d)
+			for _, rep := range r.replicas {
+				rep.start()
+			}
 		case 7, 8:
 			down := time.Duration(rng.IntN(3)) * time.Second
 			r.note("kube-apiserver killed, started again %s later", down)
