@@ -52,9 +52,10 @@ type watchMonitor struct {
 	informer podInformer
 	// relisting is set once a relist (a LIST, or a watch-list: a watch with
 	// sendInitialEvents) was sent since the watch broke, with what the
-	// reflector had synced (relistFrom) when it was sent.
+	// reflector had synced (relistFrom) and when (relistAt) it was sent.
 	relisting  bool
 	relistFrom string
+	relistAt   time.Time
 	// settled is set once a watch resumed from the reflector's last
 	// resourceVersion stayed open for watchSettle since the watch broke.
 	settled bool
@@ -139,7 +140,7 @@ func (m *watchMonitor) relist() {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.relisting, m.relistFrom = true, from
+	m.relisting, m.relistFrom, m.relistAt = true, from, time.Now()
 }
 
 // watchStream follows a pod watch: a watch resumed from the reflector's
@@ -214,8 +215,12 @@ func (m *watchMonitor) brokenAt(t time.Time, reason string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	// What recovered before this break, or was sent before it, does not
-	// count.
-	m.throttled, m.settled, m.relisting = false, false, false
+	// count. A relist sent after it does: a watch that ended at t is found
+	// broken 2 s later, when the relist that followed it (a LIST, or a
+	// watch-list whose headers are slow) may still be under way, and
+	// forgetting it would leave a watch-list stream never delivered.
+	m.throttled, m.settled = false, false
+	m.relisting = m.relisting && m.relistAt.After(t)
 	if !m.brokenSince.IsZero() {
 		return
 	}

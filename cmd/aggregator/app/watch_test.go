@@ -193,3 +193,53 @@ func TestNothingWrittenBetweenWatches(t *testing.T) {
 	inf.set("12", "12")
 	assert.True(t, watch.fresh())
 }
+
+// TestARelistAfterTheWatchEndedCounts: the pod watch ends, the reflector
+// sends a watch-list relist at once, and its headers take longer than the
+// 2 s after which a watch that ended and was not reopened counts as
+// broken: the relist still makes the view fresh once it is delivered
+// (before, the break forgot it, and a watch-list stream, which never
+// settles by time, left the view stale until it ended minutes later).
+func TestARelistAfterTheWatchEndedCounts(t *testing.T) {
+	end := make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("sendInitialEvents") == "true" {
+			time.Sleep(3 * watchSettle) // slow headers
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-end:
+		case <-r.Context().Done():
+		}
+	}))
+	defer api.Close()
+	cfg := &rest.Config{Host: api.URL}
+	inf := &fakeInformer{synced: "10", stored: "10"}
+	watch := newWatchMonitor(logr.Discard())
+	watch.wrap(cfg)
+	watch.attach(inf)
+	client, err := rest.HTTPClientFor(cfg)
+	require.NoError(t, err)
+	get := func(query string) *http.Response {
+		resp, err := client.Get(api.URL + podWatchPath + "?labelSelector=" + url.QueryEscape(podSelector) + query)
+		require.NoError(t, err)
+		return resp
+	}
+
+	first := get("&watch=true&resourceVersion=10")
+	time.Sleep(watchSettle + 200*time.Millisecond)
+	require.True(t, watch.fresh())
+	close(end)
+	_, _ = io.ReadAll(first.Body)
+	first.Body.Close()
+	end = make(chan struct{})
+	defer close(end)
+
+	relist := get("&watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan")
+	defer relist.Body.Close()
+	require.NotZero(t, watch.stale(), "the watch closed for 2 s counts as broken")
+	inf.set("20", "20") // the initial-events-end bookmark synced and delivered
+	assert.True(t, watch.fresh(), "the relist sent after the watch ended was forgotten")
+}
