@@ -71,6 +71,51 @@ func reportHeld(kind schema.GroupKind, held map[types.UID]heldPod, now time.Time
 	oldestHeldPod.WithLabelValues(kind.String()).Set(oldest.Seconds())
 }
 
+// heldLogEvery is how long a pod is held before its parent's held pods are
+// logged, with why they wait, and how often they are logged again.
+const heldLogEvery = time.Minute
+
+// logWaiting logs, for each parent of kind whose pods have been held for
+// heldLogEvery, why they wait (why), at most every heldLogEvery. Called
+// with u.mu held.
+func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*Pod, known map[types.UID]heldPod, now time.Time, why func(*Pod) string) {
+	type waiting struct {
+		pods   []string
+		oldest time.Duration
+		used   time.Duration
+		reason string
+	}
+	byParent := map[parentKey]*waiting{}
+	for _, pod := range held {
+		h := known[pod.UID]
+		if now.Sub(h.seen) < heldLogEvery {
+			continue
+		}
+		key := parentKey{kind: kind, name: parentOf(pod)}
+		w := byParent[key]
+		if w == nil {
+			w = &waiting{reason: why(pod)}
+			byParent[key] = w
+		}
+		w.pods = append(w.pods, pod.Name)
+		w.oldest, w.used = max(w.oldest, now.Sub(h.seen)), max(w.used, h.used)
+	}
+	for key, last := range u.logged {
+		if _, ok := byParent[key]; !ok && key.kind == kind && now.Sub(last) >= heldLogEvery {
+			delete(u.logged, key)
+		}
+	}
+	for key, w := range byParent {
+		if now.Sub(u.logged[key]) < heldLogEvery {
+			continue
+		}
+		u.logged[key] = now
+		u.log.Info("Pods held by the tracking finalizer", "kind", kind.String(), "parent", key.name, "reason", w.reason,
+			"pods", listed(w.pods), "heldFor", w.oldest.Round(time.Second).String(), "graceUsed", w.used.Round(time.Second).String(),
+			"grace", u.grace.String())
+	}
+}
+
 // heldAtMost is how many graces a finished pod is held at most after the
 // finish its own metadata shows (Pod.FinishedAt), whatever became of the
 // processes that saw it: a grace used in a process that stopped (a manager

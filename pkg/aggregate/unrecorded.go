@@ -114,6 +114,8 @@ type Unrecorded struct {
 	// each kind was last looked at.
 	held     map[schema.GroupKind]map[types.UID]heldPod
 	lastPass map[schema.GroupKind]time.Time
+	// logged is when the held pods of each parent were last logged.
+	logged map[parentKey]time.Time
 }
 
 // heldPod is what Unrecorded knows of a finished pod that still carries the
@@ -147,7 +149,7 @@ func NewUnrecorded(kinds []config.Parent, gate *servable.Gate, pods toolscache.I
 	recorder events.EventRecorder, grace time.Duration, mayWrite func() bool, reconciled *reconciledParents, log logr.Logger) *Unrecorded {
 	return &Unrecorded{kinds: kinds, gate: gate, pods: pods, parents: parents, writer: writer, recorder: recorder,
 		grace: grace, mayWrite: mayWrite, reconciled: reconciled, log: log, now: time.Now,
-		held: map[schema.GroupKind]map[types.UID]heldPod{}, lastPass: map[schema.GroupKind]time.Time{}}
+		held: map[schema.GroupKind]map[types.UID]heldPod{}, lastPass: map[schema.GroupKind]time.Time{}, logged: map[parentKey]time.Time{}}
 }
 
 // Start looks for pods to release every few seconds until ctx is done.
@@ -195,6 +197,19 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	known, expired := overdue(held, u.held[kind], now, elapsed, u.grace, runs)
 	u.held[kind] = known
 	reportHeld(kind, known, now)
+	u.logWaiting(kind, held, known, now, func(pod *Pod) string {
+		switch g := parents[parentOf(pod)]; {
+		case !writes:
+			return "this replica may not write (the lease not held, or the pod view stale): the grace waits"
+		case problem != nil && problem.Unknown:
+			return "whether the API server serves the kind with totals cannot be told: the grace waits"
+		case g.orphaned:
+			return "its parent is gone, its kind keeps no totals, or its namespace is not selected: released uncounted once the grace runs out"
+		case !g.runs:
+			return "its parent has not been reconciled by this leader yet: the grace waits"
+		}
+		return "not recorded yet: its parent's status writes fail (the reconciler's log says why); the grace runs"
+	})
 	// A pod held for a second grace, or past the hold limit, is released
 	// even when whether it is lost cannot be told (its parent's ledger
 	// unreadable): the bound holds.

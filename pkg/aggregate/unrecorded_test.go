@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -401,4 +402,34 @@ func TestFinishedAt(t *testing.T) {
 			assert.Equal(t, tt.want, r.Pod(&tt.pod).FinishedAt)
 		})
 	}
+}
+
+// TestHeldPodsAreLoggedWithWhy: a parent whose pods have been held for a
+// minute is logged, naming it, its pods and why they wait, and again a
+// minute later at most; one whose pods were held for less is not.
+func TestHeldPodsAreLoggedWithWhy(t *testing.T) {
+	kind := schema.GroupKind{Group: "example.tally.dev", Kind: "WorkerPool"}
+	now := time.Unix(10_000, 0)
+	pod := func(name, parent string) *Pod {
+		return &Pod{Meta: Meta{Name: name, Namespace: "ns", UID: types.UID(name)}, Controller: Controller{Kind: kind, Name: parent}}
+	}
+	held := []*Pod{pod("a-1", "a"), pod("a-2", "a"), pod("b-1", "b")}
+	known := map[types.UID]heldPod{
+		"a-1": {seen: now.Add(-2 * time.Minute), used: 5 * time.Second}, "a-2": {seen: now.Add(-time.Minute)},
+		"b-1": {seen: now.Add(-10 * time.Second)},
+	}
+	var lines []string
+	u := &Unrecorded{grace: 2 * time.Minute, logged: map[parentKey]time.Time{},
+		log: funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{})}
+	why := func(*Pod) string { return "the grace waits" }
+
+	u.logWaiting(kind, held, known, now, why)
+	require.Len(t, lines, 1)
+	for _, want := range []string{`"parent"={"name"="a" "namespace"="ns"}`, `"reason"="the grace waits"`, `"pods"="a-1, a-2"`, `"heldFor"="2m0s"`, `"graceUsed"="5s"`} {
+		assert.Contains(t, lines[0], want)
+	}
+	u.logWaiting(kind, held, known, now.Add(30*time.Second), why)
+	assert.Len(t, lines, 1, "logged again within a minute")
+	u.logWaiting(kind, held, known, now.Add(time.Minute), why)
+	assert.Len(t, lines, 3, "a logged again a minute later, b now held for a minute too")
 }
