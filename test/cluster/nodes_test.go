@@ -229,6 +229,7 @@ func nodeLost(ctx context.Context, t *testing.T, c client.Client, cfg *rest.Conf
 		t.Skip("the node-loss scenario runs with make e2e-cluster E2E_NODE_LOSS=1: it found pods held by tally's finalizer after a node loss, cause not found yet")
 	}
 	requireTwoNodes(ctx, t, c)
+	keepAggregatorsOnFailure(t, cfg)
 	spread(ctx, t, c, fig)
 	const lostNS = "e2e-lost"
 	seen := watchedNamespace(ctx, t, c, cfg, lostNS)
@@ -343,6 +344,7 @@ func describePods(pods []corev1.Pod) string {
 // totals must stay exact.
 func drain(ctx context.Context, t *testing.T, c client.Client, cfg *rest.Config, fig *figures) {
 	requireTwoNodes(ctx, t, c)
+	keepAggregatorsOnFailure(t, cfg)
 	kubectl := os.Getenv("KUBECTL")
 	if kubectl == "" {
 		t.Skip("KUBECTL is not set: run make e2e-cluster")
