@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -9,38 +8,28 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/examples/workerpool/operator"
-	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/internal/process"
 	"tally.dev/tally/internal/repo"
-	"tally.dev/tally/pkg/config"
-	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/builder"
@@ -307,269 +296,4 @@ func mean(ds []time.Duration) time.Duration {
 		sum += d
 	}
 	return sum / time.Duration(len(ds))
-}
-
-// admissionCase is one way the API server admits the measured requests.
-type admissionCase struct {
-	name string
-	// conditions are the registration's match conditions; nil registers no
-	// webhook.
-	conditions []admissionregistrationv1.MatchCondition
-	// stamp makes the created pods carry their identity already.
-	stamp bool
-}
-
-// throughAPIServer measures pod creates and label-only updates of tracked
-// pods through the API server, alternating how they are admitted: no
-// webhook, tally's registration as it was (every tracked pod called),
-// tally's registration now, for pods their operator did not stamp and for
-// pods it did. It reports latency, throughput, webhook calls, and the CPU
-// time the API server and the webhook spent per request.
-func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, port, webhookPID int, d time.Duration) error {
-	cfg := rest.CopyConfig(env.Config)
-	cfg.QPS, cfg.Burst = -1, 0
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	pool := operator.Pool(ns, "creates", 0)
-	if err := env.Client.Create(ctx, pool); err != nil {
-		return err
-	}
-	tallyCfg := &config.Config{Parents: []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Resource: "workerpools"}}}
-	wh := mutate.Webhook(tallyCfg, admissionregistrationv1.WebhookClientConfig{
-		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
-	}, helm.AggregatorUser)
-	now := wh.MatchConditions
-	var previous []admissionregistrationv1.MatchCondition
-	for _, c := range now {
-		if c.Name != mutate.ChangeConditionName {
-			previous = append(previous, c)
-		}
-	}
-	register := func(conds []admissionregistrationv1.MatchCondition) error {
-		mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-bench"}}
-		if err := client.IgnoreNotFound(env.Client.Delete(ctx, mwc)); err != nil {
-			return err
-		}
-		if conds != nil {
-			w := wh.DeepCopy()
-			w.MatchConditions = conds
-			mwc.Webhooks = []admissionregistrationv1.MutatingWebhook{*w}
-			if err := env.Client.Create(ctx, mwc); err != nil {
-				return err
-			}
-		}
-		// The API server picks registrations up asynchronously.
-		time.Sleep(2 * time.Second)
-		return nil
-	}
-	servers, err := children("kube-apiserver")
-	if err != nil || len(servers) != 1 {
-		return fmt.Errorf("finding the API server among this process's children: %v (found %v)", err, servers)
-	}
-	apiserver := servers[0]
-	newPod := func(name string, stamp bool) *corev1.Pod {
-		pod := builder.RealisticPod(builder.Pod(ns, name).ControlledBy(operator.GVK, pool.GetName(), pool.GetUID()).Label(createdLabel, "true"))
-		if stamp {
-			identity.Stamp(pod)
-		}
-		return pod
-	}
-	var seq atomic.Int64
-	creates := func(clients int, c admissionCase) (int, []time.Duration, error) {
-		return drive(clients, d, func(int) error {
-			pod := newPod(fmt.Sprintf("creates-%d", seq.Add(1)), c.stamp)
-			_, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-			return err
-		})
-	}
-	// Each update client relabels a pod of its own, stamped when it was
-	// created, so that the updates never conflict.
-	updated := make([]string, 50)
-	for i := range updated {
-		pod := newPod(fmt.Sprintf("updated-%d", i), true)
-		delete(pod.Labels, createdLabel)
-		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			return err
-		}
-		updated[i] = pod.Name
-	}
-	updates := func(clients int, _ admissionCase) (int, []time.Duration, error) {
-		return drive(clients, d, func(client int) error {
-			patch := fmt.Appendf(nil, `{"metadata":{"labels":{"tick":"%d"}}}`, seq.Add(1))
-			_, err := cs.CoreV1().Pods(ns).Patch(ctx, updated[client], types.MergePatchType, patch, metav1.PatchOptions{})
-			return err
-		})
-	}
-
-	workloads := []struct {
-		name  string
-		run   func(int, admissionCase) (int, []time.Duration, error)
-		cases []admissionCase
-	}{
-		{"pod creates (realistic pods of a WorkerPool)", creates, []admissionCase{
-			{name: "no admission webhook"},
-			{name: "tally, pods not stamped", conditions: now},
-			{name: "tally, pods stamped by their operator", conditions: now, stamp: true},
-			{name: "tally before (every tracked pod called), stamped", conditions: previous, stamp: true},
-		}},
-		{"label-only updates of stamped tracked pods", updates, []admissionCase{
-			{name: "no admission webhook"},
-			{name: "tally", conditions: now},
-			{name: "tally before (every tracked pod called)", conditions: previous},
-		}},
-	}
-	fmt.Printf("\nthrough the API server (API server and etcd on both cores, the webhook on CPU 0, the clients on CPU 1), %s a round, the cases alternating in %d rounds, each round in another order; the created pods deleted between rounds; CPU from /proc/<pid>/stat\n", d, rounds)
-	for _, w := range workloads {
-		for _, clients := range []int{10, 50} {
-			fmt.Printf("%s, %d clients:\n", w.name, clients)
-			type total struct {
-				n                  int
-				p99s               []time.Duration
-				lat                []time.Duration
-				apiCPU, webhookCPU time.Duration
-				calls              float64
-			}
-			totals := make([]total, len(w.cases))
-			for round := range rounds {
-				for k := range w.cases {
-					// Each case runs first, second ... in turn.
-					i := (k + round) % len(w.cases)
-					c := w.cases[i]
-					if err := cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: createdLabel}); err != nil {
-						return err
-					}
-					if err := register(c.conditions); err != nil {
-						return err
-					}
-					before, err := webhookHistogram(ctx, cs, wh.Name)
-					if err != nil {
-						return err
-					}
-					apiBefore, whBefore := cpu(apiserver), cpu(webhookPID)
-					n, lat, err := w.run(clients, c)
-					if err != nil {
-						return fmt.Errorf("%s, %s: %w", w.name, c.name, err)
-					}
-					apiCPU, whCPU := cpu(apiserver)-apiBefore, cpu(webhookPID)-whBefore
-					after, err := webhookHistogram(ctx, cs, wh.Name)
-					if err != nil {
-						return err
-					}
-					t := &totals[i]
-					t.n += n
-					t.lat = append(t.lat, lat...)
-					t.p99s = append(t.p99s, pct(lat, 99))
-					t.apiCPU += apiCPU
-					t.webhookCPU += whCPU
-					t.calls += after[math.Inf(1)] - before[math.Inf(1)]
-				}
-			}
-			base := totals[0]
-			baseP99 := mean(base.p99s)
-			baseCPU := base.apiCPU / time.Duration(base.n)
-			for i, c := range w.cases {
-				t := totals[i]
-				slices.Sort(t.lat)
-				p99 := mean(t.p99s)
-				cpu := t.apiCPU / time.Duration(t.n)
-				fmt.Printf("  %-52s %6d requests, %5.0f/s, p50 %-9s p99 %-9s (%.2fx), API server CPU %6.3f ms/request (%.2fx), webhook CPU %.3f ms/request, webhook calls %.0f\n",
-					c.name, t.n, float64(t.n)/(float64(rounds)*d.Seconds()), pct(t.lat, 50).Round(time.Microsecond), p99.Round(time.Microsecond),
-					float64(p99)/float64(baseP99), float64(cpu.Microseconds())/1000, float64(cpu)/float64(baseCPU),
-					float64((t.webhookCPU/time.Duration(t.n)).Microseconds())/1000, t.calls)
-			}
-		}
-	}
-	return register(nil)
-}
-
-// drive runs clients goroutines calling do(client) for d, and returns the
-// number of calls and their latencies.
-func drive(clients int, d time.Duration, do func(client int) error) (int, []time.Duration, error) {
-	var mu sync.Mutex
-	var lat []time.Duration
-	deadline := time.Now().Add(d)
-	var wg sync.WaitGroup
-	var firstErr atomic.Value
-	for c := range clients {
-		wg.Go(func() {
-			var mine []time.Duration
-			for time.Now().Before(deadline) {
-				t := time.Now()
-				if err := do(c); err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-				mine = append(mine, time.Since(t))
-			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	if err, _ := firstErr.Load().(error); err != nil {
-		return 0, nil, err
-	}
-	slices.Sort(lat)
-	return len(lat), lat, nil
-}
-
-// children returns the PIDs of this process's children running the named
-// commands.
-func children(names ...string) ([]int, error) {
-	procs, err := filepath.Glob("/proc/[0-9]*/stat")
-	if err != nil {
-		return nil, err
-	}
-	var pids []int
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		st := string(b)
-		open, closing := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
-		if open < 0 || closing < 0 {
-			continue
-		}
-		f := strings.Fields(st[closing+2:])
-		if len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) || !slices.Contains(names, st[open+1:closing]) {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		pids = append(pids, pid)
-	}
-	return pids, nil
-}
-
-// histogram is the API server's apiserver_admission_webhook_admission_duration_seconds
-// for one webhook: cumulative counts by upper bound.
-type histogram map[float64]float64
-
-func webhookHistogram(ctx context.Context, cs kubernetes.Interface, name string) (histogram, error) {
-	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		return nil, err
-	}
-	h := histogram{}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "apiserver_admission_webhook_admission_duration_seconds_bucket{") || !strings.Contains(line, `name="`+name+`"`) {
-			continue
-		}
-		i := strings.Index(line, `le="`)
-		j := strings.Index(line[i+4:], `"`)
-		le, err := strconv.ParseFloat(line[i+4:i+4+j], 64)
-		if err != nil {
-			le = math.Inf(1)
-		}
-		v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		h[le] += v
-	}
-	return h, sc.Err()
 }
