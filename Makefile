@@ -348,6 +348,11 @@ TEST_TOOLS := envtest-assets $(HELM) $(CERT_MANAGER_CRDS)
 RELEASE_TEST_TOOLS := $(PROMTOOL) release-tools
 RELEASE_TEST_PKGS := ./test/alerts ./test/image ./test/release
 
+# make test-all runs the robustness suite's new seeds one after another for
+# ROBUSTNESS_BUDGET (the last one started within it ends about a minute
+# later); make robustness runs it for DURATION.
+ROBUSTNESS_BUDGET ?= 6m
+
 # make test runs TEST_P packages at a time: its suites mostly wait on
 # their API servers, so four keep two cores busy (Go's default is one a
 # core). test-all keeps the default: its long scenarios measure recoveries
@@ -382,8 +387,8 @@ TEST_ALL_SKIP ?=
 test-all-tools: $(TEST_TOOLS) $(if $(filter ./test/release,$(TEST_ALL_SKIP)),$(PROMTOOL),$(RELEASE_TEST_TOOLS)) test-binaries ## Build what make test-all needs without running it.
 
 .PHONY: test-all
-test-all: test-all-tools ## make test with its long scenarios, and make test-release, in one go test run (TEST_ALL_SKIP: packages left out).
-	TALLY_TEST_BINARIES=$(TEST_BINARIES) go test $(GO_TEST_FLAGS) $(if $(TEST_ALL_SKIP),$$(go list ./... | grep -vxF $(addprefix -e tally.dev/tally/,$(patsubst ./%,%,$(TEST_ALL_SKIP)))),./...)
+test-all: test-all-tools ## make test with its long scenarios, and make test-release, in one go test run (TEST_ALL_SKIP: packages left out; the robustness suite runs new seeds for ROBUSTNESS_BUDGET).
+	TALLY_TEST_BINARIES=$(TEST_BINARIES) TALLY_ROBUSTNESS_DURATION=$(ROBUSTNESS_BUDGET) go test $(GO_TEST_FLAGS) $(if $(TEST_ALL_SKIP),$$(go list ./... | grep -vxF $(addprefix -e tally.dev/tally/,$(patsubst ./%,%,$(TEST_ALL_SKIP)))),./...)
 
 .PHONY: demo
 demo: build envtest-assets $(HELM) $(if $(filter real,$(DEMO_CLUSTER)),$(CLUSTER) cluster-binaries cluster-images) ## Run tally on a local control plane and drive the scale-down scenario (DEMO_DURATION, default 60s; DEMO_CLUSTER=real: on a one-node cluster, root only).
