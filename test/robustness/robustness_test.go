@@ -1,8 +1,8 @@
 // Package robustness runs two aggregator replicas (leader election, a kind
 // with totals) under a seeded random schedule of faults over a seeded
 // churn of pods, on a real API server, and checks the specification's
-// invariants on what the API server recorded: every status the pools took,
-// as watched, and the pods at the end. The faults: a replica cut off from
+// invariants on what the API server recorded: every status the pools took
+// and every change to the pods, as watched, and the pods at the end. The faults: a replica cut off from
 // the API server, its pod watch broken (up to 16 s: past the bound after
 // which it starts a new manager), its pod lists and watches throttled
 // (429), the replica stopped and started again, every replica stopped for
@@ -117,6 +117,7 @@ type run struct {
 	uids     map[string]types.UID
 	replicas [2]*replica
 	history  *framework.TotalsHistory
+	counts   *countsHistory
 	lost     float64
 
 	mu    sync.Mutex
@@ -139,6 +140,7 @@ func newRun(t *testing.T, cfg *config.Config, seed uint64) *run {
 		r.uids[pool.GetName()] = pool.GetUID()
 	}
 	r.history = framework.WatchTotals(t, env.Config, ns)
+	r.counts = watchCounts(t, ns, r.uids)
 	r.lost = counter(t, "tally_aggregator_tracking_lost_pods_total")
 	for i := range r.replicas {
 		r.replicas[i] = newReplica(t, cfg, ns)
@@ -372,6 +374,10 @@ func (r *run) check(t *testing.T) {
 		}
 	}
 	assert.Equal(t, r.lost, counter(t, "tally_aggregator_tracking_lost_pods_total"), "pods released as lost: none may be, the grace outlasting the run")
+	violations, checked, unchecked, lag := r.counts.check()
+	assert.Empty(t, violations, "counts written from a view that was not whole and recent")
+	t.Logf("%d counts writes checked against the truth of the %s before each, %d not (a relist's gap in their window); "+
+		"the oldest value written had not been the truth for %s", checked, viewBound, unchecked, lag.Round(time.Millisecond))
 }
 
 // problems returns what does not hold yet: a pool whose counts differ

@@ -1,0 +1,361 @@
+package robustness
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/internal/truth"
+	"tally.dev/tally/pkg/config"
+)
+
+// viewBound is the stated bound on the view a count is written from: every
+// counts write equals the truth, all four counts at once, at some point of
+// the viewBound before the write was seen (and not after it, as the API
+// server ordered them). A count written from an empty or partial cache, or
+// from a view that stopped at a watch that broke, fails it.
+const viewBound = 5 * time.Second
+
+// counted is the counts the example maps, as a pool's status shows them or
+// as its pods make them.
+type counted [4]int64
+
+var countNames = [4]config.Count{config.Completing, config.Active, config.Completed, config.Unexpected}
+
+func countedOf(m map[config.Count]int64) counted {
+	var c counted
+	for i, name := range countNames {
+		c[i] = m[name]
+	}
+	return c
+}
+
+// at is a pool's counts at a revision of the API server, with when the
+// test saw it.
+type at struct {
+	rv     int64
+	seen   time.Time
+	counts counted
+}
+
+// countsHistory records, as the API server ordered them, each pool's true
+// counts after every change to the namespace's pods (its pods as a watch
+// delivers them, counted by internal/truth) and every counts write to the
+// pools, so that check can tell whether each write came from a view that
+// was whole and recent.
+type countsHistory struct {
+	mu     sync.Mutex
+	truths map[types.UID][]at
+	writes map[types.UID][]at
+	names  map[types.UID]string
+	// gaps are the revisions the pod watch could not tell (a relist after
+	// "too old resource version"): a write whose window holds one is not
+	// checked.
+	gaps [][2]int64
+}
+
+func rv(obj metav1.Object) int64 {
+	n, _ := strconv.ParseInt(obj.GetResourceVersion(), 10, 64)
+	return n
+}
+
+// watchCounts starts recording the history of ns's pools (uids: by name)
+// until the test ends.
+func watchCounts(t *testing.T, ns string, uids map[string]types.UID) *countsHistory {
+	t.Helper()
+	h := &countsHistory{truths: map[types.UID][]at{}, writes: map[types.UID][]at{}, names: map[types.UID]string{}}
+	for name, uid := range uids {
+		h.names[uid] = name
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	pods := map[types.UID]*corev1.Pod{}
+	podsReady, poolsReady := make(chan struct{}), make(chan struct{})
+	wg.Go(func() {
+		follow(ctx, podsReady,
+			func(ctx context.Context) ([]runtime.Object, string, error) {
+				list, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+				if err != nil {
+					return nil, "", err
+				}
+				objs := make([]runtime.Object, len(list.Items))
+				for i := range list.Items {
+					objs[i] = &list.Items[i]
+				}
+				return objs, list.ResourceVersion, nil
+			},
+			func(ctx context.Context, from string) (watch.Interface, error) {
+				return cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{ResourceVersion: from})
+			},
+			func(objs []runtime.Object, listRV, lastRV string) {
+				clear(pods)
+				for _, o := range objs {
+					p := o.(*corev1.Pod)
+					pods[p.UID] = p
+				}
+				n, _ := strconv.ParseInt(listRV, 10, 64)
+				h.relisted(lastRV, n, pods, ns)
+			},
+			func(ev watch.Event) {
+				p, ok := ev.Object.(*corev1.Pod)
+				if !ok {
+					return
+				}
+				if ev.Type == watch.Deleted {
+					delete(pods, p.UID)
+				} else {
+					pods[p.UID] = p
+				}
+				h.podChanged(rv(p), pods, ns, metav1.GetControllerOf(p))
+			})
+	})
+	poolClient := dyn.Resource(operator.GVK.GroupVersion().WithResource("workerpools")).Namespace(ns)
+	wg.Go(func() {
+		follow(ctx, poolsReady,
+			func(ctx context.Context) ([]runtime.Object, string, error) {
+				list, err := poolClient.List(ctx, metav1.ListOptions{})
+				if err != nil {
+					return nil, "", err
+				}
+				objs := make([]runtime.Object, len(list.Items))
+				for i := range list.Items {
+					objs[i] = &list.Items[i]
+				}
+				return objs, list.GetResourceVersion(), nil
+			},
+			func(ctx context.Context, from string) (watch.Interface, error) {
+				return poolClient.Watch(ctx, metav1.ListOptions{ResourceVersion: from})
+			},
+			func(objs []runtime.Object, _, _ string) {
+				for _, o := range objs {
+					h.written(o.(*unstructured.Unstructured))
+				}
+			},
+			func(ev watch.Event) {
+				if u, ok := ev.Object.(*unstructured.Unstructured); ok && ev.Type != watch.Deleted {
+					h.written(u)
+				}
+			})
+	})
+	for _, ready := range []chan struct{}{podsReady, poolsReady} {
+		select {
+		case <-ready:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the history's watches did not open within 30 s")
+		}
+	}
+	return h
+}
+
+// follow lists, then watches from the list's resourceVersion, until ctx is
+// done: a watch that ends is opened again from the last version seen, and
+// one answered "too old resource version" lists again (replaced gets the
+// list, its version and the last version seen before it). ready is closed
+// once the first list is in.
+func follow(ctx context.Context, ready chan struct{}, list func(context.Context) ([]runtime.Object, string, error),
+	open func(context.Context, string) (watch.Interface, error), replaced func([]runtime.Object, string, string), event func(watch.Event)) {
+	var once sync.Once
+	last, listed := "", false
+	for ctx.Err() == nil {
+		if !listed {
+			objs, version, err := list(ctx)
+			if err != nil {
+				time.Sleep(200 * time.Millisecond)
+				continue
+			}
+			replaced(objs, version, last)
+			last, listed = version, true
+			once.Do(func() { close(ready) })
+		}
+		w, err := open(ctx, last)
+		if err != nil {
+			listed = !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err)
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Error {
+				if status, ok := ev.Object.(*metav1.Status); ok && status.Code == http.StatusGone {
+					listed = false
+				}
+				break
+			}
+			if obj, ok := ev.Object.(metav1.Object); ok {
+				last = obj.GetResourceVersion()
+			}
+			event(ev)
+		}
+		w.Stop()
+	}
+}
+
+// relisted records the truth of every pool after a relist at revision
+// listRV; the revisions since lastRV (the last one seen before) are a gap.
+func (h *countsHistory) relisted(lastRV string, listRV int64, pods map[types.UID]*corev1.Pod, ns string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if last, err := strconv.ParseInt(lastRV, 10, 64); err == nil {
+		h.gaps = append(h.gaps, [2]int64{last, listRV})
+	}
+	list := podList(pods)
+	now := time.Now()
+	for uid := range h.names {
+		h.truths[uid] = append(h.truths[uid], at{rv: listRV, seen: now, counts: countedOf(truth.Counts(list, ns, uid))})
+	}
+}
+
+// podChanged records the truth of the pool that owns the pod that changed
+// at revision rev.
+func (h *countsHistory) podChanged(rev int64, pods map[types.UID]*corev1.Pod, ns string, owner *metav1.OwnerReference) {
+	if owner == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.names[owner.UID]; !ok {
+		return
+	}
+	h.truths[owner.UID] = append(h.truths[owner.UID], at{rv: rev, seen: time.Now(), counts: countedOf(truth.Counts(podList(pods), ns, owner.UID))})
+}
+
+// written records a pool's counts as its status shows them, when they
+// changed.
+func (h *countsHistory) written(u *unstructured.Unstructured) {
+	var c counted
+	for i, name := range countNames {
+		c[i], _, _ = unstructured.NestedInt64(u.Object, "status", string(name))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.writes[u.GetUID()]
+	if len(w) > 0 && w[len(w)-1].counts == c {
+		return
+	}
+	h.writes[u.GetUID()] = append(w, at{rv: rv(u), seen: time.Now(), counts: c})
+}
+
+func podList(pods map[types.UID]*corev1.Pod) []corev1.Pod {
+	out := make([]corev1.Pod, 0, len(pods))
+	for _, p := range pods {
+		out = append(out, *p)
+	}
+	return out
+}
+
+// check returns every counts write that no truth of its window matches,
+// how many writes it checked and left unchecked (a window holding a gap),
+// and the longest a written value had no longer been the truth when the
+// write was seen.
+func (h *countsHistory) check() (violations []string, checked, unchecked int, lag time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for uid, writes := range h.writes {
+		truths := h.truths[uid]
+		for _, w := range writes {
+			// The window: from the truth in force viewBound before the
+			// write was seen, to the last truth at or before its revision.
+			first := sort.Search(len(truths), func(i int) bool { return !truths[i].seen.Before(w.seen.Add(-viewBound)) })
+			first = max(0, first-1)
+			end := sort.Search(len(truths), func(i int) bool { return truths[i].rv > w.rv })
+			if end == 0 || first >= end {
+				unchecked++
+				continue
+			}
+			if h.gapIn(truths[first].rv, w.rv) {
+				unchecked++
+				continue
+			}
+			checked++
+			matched := -1
+			for i := end - 1; i >= first; i-- {
+				if truths[i].counts == w.counts {
+					matched = i
+					break
+				}
+			}
+			if matched >= 0 && matched+1 < end {
+				lag = max(lag, w.seen.Sub(truths[matched+1].seen))
+			}
+			if matched < 0 {
+				var seen []counted
+				for _, tr := range truths[first:end] {
+					seen = append(seen, tr.counts)
+				}
+				violations = append(violations, fmt.Sprintf("%s: counts %v (completing, active, completed, unexpected) written at revision %d, "+
+					"never the truth in the %s before: it was %v", h.names[uid], w.counts, w.rv, viewBound, seen))
+			}
+		}
+	}
+	return violations, checked, unchecked, lag
+}
+
+func (h *countsHistory) gapIn(from, to int64) bool {
+	for _, g := range h.gaps {
+		if g[0] < to && g[1] > from {
+			return true
+		}
+	}
+	return false
+}
+
+// TestCheckCountsHistory: the check itself, on histories written by hand.
+func TestCheckCountsHistory(t *testing.T) {
+	t0 := time.Unix(1_000, 0)
+	truths := []at{
+		{rv: 10, seen: t0, counts: counted{0, 3, 0, 0}},
+		{rv: 20, seen: t0.Add(time.Second), counts: counted{1, 2, 0, 0}},
+		{rv: 30, seen: t0.Add(10 * time.Second), counts: counted{0, 2, 1, 0}},
+	}
+	tests := []struct {
+		name       string
+		write      at
+		gaps       [][2]int64
+		violations int
+		checked    int
+	}{
+		{name: "the truth then", write: at{rv: 31, seen: t0.Add(10 * time.Second), counts: counted{0, 2, 1, 0}}, checked: 1},
+		{name: "the truth a moment before", write: at{rv: 31, seen: t0.Add(12 * time.Second), counts: counted{1, 2, 0, 0}}, checked: 1},
+		{name: "the truth, but longer ago than the bound", write: at{rv: 31, seen: t0.Add(17 * time.Second), counts: counted{1, 2, 0, 0}},
+			checked: 1, violations: 1},
+		{name: "zero over non-zero", write: at{rv: 25, seen: t0.Add(2 * time.Second), counts: counted{}}, checked: 1, violations: 1},
+		{name: "counts that were never the truth together", write: at{rv: 25, seen: t0.Add(2 * time.Second), counts: counted{1, 3, 0, 0}},
+			checked: 1, violations: 1},
+		{name: "not before its revision", write: at{rv: 25, seen: t0.Add(11 * time.Second), counts: counted{0, 2, 1, 0}}, checked: 1, violations: 1},
+		{name: "a gap in the window: not checked", write: at{rv: 31, seen: t0.Add(2 * time.Second), counts: counted{}}, gaps: [][2]int64{{12, 18}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := &countsHistory{truths: map[types.UID][]at{"p": truths}, writes: map[types.UID][]at{"p": {tt.write}},
+				names: map[types.UID]string{"p": "pool"}, gaps: tt.gaps}
+			violations, checked, _, _ := h.check()
+			assert.Len(t, violations, tt.violations, "%v", violations)
+			assert.Equal(t, tt.checked, checked)
+		})
+	}
+}
