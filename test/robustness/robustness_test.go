@@ -27,11 +27,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -57,6 +59,9 @@ func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(&logs)))
 	os.Exit(framework.Main(m, controlplane.Options{}, &env))
 }
+
+// leaseName names the replicas' Lease, in the run's namespace.
+const leaseName = "robustness"
 
 // The run's shape: how long faults and churn last, how many pools, and the
 // bound within which, once both stop, every invariant must hold.
@@ -122,6 +127,10 @@ type run struct {
 
 	mu    sync.Mutex
 	lines []string
+	// disruptive counts the faults that may move the lease: its holder
+	// stopped, cut off, its view stale past the bound, the API server
+	// restarted. Throttling is not one.
+	disruptive int
 	start time.Time
 	// live holds the pods not yet finished, by pool; want the totals each
 	// pool must end with.
@@ -159,6 +168,13 @@ func (r *run) note(format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.lines = append(r.lines, fmt.Sprintf("%6.1fs ", time.Since(r.start).Seconds())+fmt.Sprintf(format, args...))
+}
+
+// disrupt counts a fault that may move the lease.
+func (r *run) disrupt() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.disruptive++
 }
 
 func (r *run) schedule() []string {
@@ -298,6 +314,7 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 		switch rng.IntN(11) {
 		case 0, 1:
 			r.note("replica %d cut off from the API server for %s", i, d)
+			r.disrupt()
 			rep.proxy.CutOff()
 			time.Sleep(d)
 			rep.proxy.Restore()
@@ -306,6 +323,7 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			// manager.
 			d *= 2
 			r.note("replica %d: pod watch broken for %s", i, d)
+			r.disrupt()
 			rep.faults.Set(true)
 			time.Sleep(d)
 			rep.faults.Set(false)
@@ -316,6 +334,7 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			rep.faults.Throttle(false)
 		case 5, 6:
 			r.note("replica %d stopped, started again %s later", i, d)
+			r.disrupt()
 			rep.stop()
 			time.Sleep(d)
 			rep.start()
@@ -323,6 +342,7 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			// The leader lost with its node, and no standby running: pods
 			// finish with no replica to record them.
 			r.note("every replica stopped, started again %s later", d)
+			r.disrupt()
 			for _, rep := range r.replicas {
 				rep.stop()
 			}
@@ -333,6 +353,7 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 		case 7, 8:
 			down := time.Duration(rng.IntN(3)) * time.Second
 			r.note("kube-apiserver killed, started again %s later", down)
+			r.disrupt()
 			if err := env.RestartAPIServer(down); err != nil {
 				t.Errorf("restarting kube-apiserver: %v", err)
 				return
@@ -374,6 +395,14 @@ func (r *run) check(t *testing.T) {
 		}
 	}
 	assert.Equal(t, r.lost, counter(t, "tally_aggregator_tracking_lost_pods_total"), "pods released as lost: none may be, the grace outlasting the run")
+	var lease coordinationv1.Lease
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: leaseName}, &lease))
+	r.mu.Lock()
+	disruptive := r.disruptive
+	r.mu.Unlock()
+	transitions := int(ptr.Deref(lease.Spec.LeaseTransitions, 0))
+	assert.LessOrEqual(t, transitions, disruptive, "the lease changed hands more often than a fault could make it: only a holder gone or stalled loses it")
+	t.Logf("the lease changed hands %d times over %d faults that could move it", transitions, disruptive)
 	violations, checked, unchecked, lag := r.counts.check()
 	assert.Empty(t, violations, "counts written from a view that was not whole and recent")
 	t.Logf("%d counts writes checked against the truth of the %s before each, %d not (a relist's gap in their window); "+
@@ -456,7 +485,7 @@ func (rep *replica) start() {
 		defer close(done)
 		_ = app.Run(ctx, rep.cfg, rep.rest, app.Options{
 			MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2,
-			LeaderElect: true, LeaderElectionNamespace: rep.leases, LeaderElectionID: "robustness",
+			LeaderElect: true, LeaderElectionNamespace: rep.leases, LeaderElectionID: leaseName,
 			TrackingGrace: 10 * time.Minute,
 		})
 	}()
