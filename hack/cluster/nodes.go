@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -177,6 +178,40 @@ func (nd node) createCgroupRoot() error {
 	return nil
 }
 
+// restartedIfExited is the kubelet step's readiness check, which starts
+// the kubelet again when it exited: a containerd that answers its own API
+// may not serve the CRI yet (after a node loss it first cleans up its dead
+// shims), and the kubelet exits at once on "server is not initialized
+// yet".
+func (c *cluster) restartedIfExited(nd node, s step) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if !c.exited(s.name) {
+			return s.ready(ctx)
+		}
+		time.Sleep(time.Second)
+		if err := c.start(nd, s.name, s.args); err != nil {
+			return err
+		}
+		return fmt.Errorf("%s exited (its log says why); started again", s.name)
+	}
+}
+
+// exited reports whether the process started for component name has
+// ended: gone, or a zombie (its parent, this process, released it).
+func (c *cluster) exited(name string) bool {
+	pid, err := os.ReadFile(c.path("pids", name))
+	if err != nil {
+		return false
+	}
+	stat, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(pid)), "stat"))
+	if err != nil {
+		return true
+	}
+	// The state follows the command, which is in parentheses.
+	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	return len(fields) > 0 && fields[0] == "Z"
+}
+
 // steps are the node's components, in the order they start.
 func (c *cluster) nodeSteps(nd node) []step {
 	return []step{
@@ -205,7 +240,11 @@ func (c *cluster) startNode(ctx context.Context, nd node, images []string) error
 		if err := c.start(nd, s.name, s.args); err != nil {
 			return err
 		}
-		if err := waitFor(ctx, s.name, s.ready); err != nil {
+		ready := s.ready
+		if s.name == nd.component("kubelet") {
+			ready = c.restartedIfExited(nd, s)
+		}
+		if err := waitFor(ctx, s.name, ready); err != nil {
 			return fmt.Errorf("%w (log: %s)", err, c.path("logs", s.name+".log"))
 		}
 		fmt.Printf(">> %-24s ready in %v\n", s.name, time.Since(t).Round(10*time.Millisecond))
