@@ -61,11 +61,24 @@ func (u *Unrecorded) parentGone(ctx context.Context, p config.Parent, key types.
 	return parent.GetUID() != uid
 }
 
-// reportHeld sets the held-pod gauges of kind from held.
-func reportHeld(kind schema.GroupKind, held map[types.UID]heldPod, now time.Time) {
+// heldFor returns how long pod has been held, as far as anything shows:
+// since this process first saw it held (h), or since the finish its own
+// metadata shows, whichever is longer (a process that started a moment ago
+// does not make a pod held for hours look new).
+func heldFor(pod *Pod, h heldPod, now time.Time) time.Duration {
+	held := now.Sub(h.seen)
+	if pod.FinishedAt != 0 {
+		held = max(held, now.Sub(time.Unix(pod.FinishedAt, 0)))
+	}
+	return held
+}
+
+// reportHeld sets the held-pod gauges of kind from its held pods and what
+// is known of them.
+func reportHeld(kind schema.GroupKind, held []*Pod, known map[types.UID]heldPod, now time.Time) {
 	var oldest time.Duration
-	for _, h := range held {
-		oldest = max(oldest, now.Sub(h.seen))
+	for _, pod := range held {
+		oldest = max(oldest, heldFor(pod, known[pod.UID], now))
 	}
 	heldPods.WithLabelValues(kind.String()).Set(float64(len(held)))
 	oldestHeldPod.WithLabelValues(kind.String()).Set(oldest.Seconds())
@@ -88,7 +101,8 @@ func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*Pod, known map[ty
 	byParent := map[parentKey]*waiting{}
 	for _, pod := range held {
 		h := known[pod.UID]
-		if now.Sub(h.seen) < heldLogEvery {
+		age := heldFor(pod, h, now)
+		if age < heldLogEvery {
 			continue
 		}
 		key := parentKey{kind: kind, name: parentOf(pod)}
@@ -98,7 +112,7 @@ func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*Pod, known map[ty
 			byParent[key] = w
 		}
 		w.pods = append(w.pods, pod.Name)
-		w.oldest, w.used = max(w.oldest, now.Sub(h.seen)), max(w.used, h.used)
+		w.oldest, w.used = max(w.oldest, age), max(w.used, h.used)
 	}
 	for key, last := range u.logged {
 		if _, ok := byParent[key]; !ok && key.kind == kind && now.Sub(last) >= heldLogEvery {
@@ -120,8 +134,14 @@ func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*Pod, known map[ty
 // finish its own metadata shows (Pod.FinishedAt), whatever became of the
 // processes that saw it: a grace used in a process that stopped (a manager
 // restarted, a leader that changed) is not lost to the bound. A pod past it
-// is released once its grace has run in this process, however little.
+// is released once its grace has run for a while in this process
+// (pastLimitRun): long enough for its parent's reconciles to record it,
+// batch after batch, if they can.
 const heldAtMost = 5
+
+// pastLimitRun is how much of its grace a pod past the hold limit uses in
+// this process before it is released: a quarter of the grace, at most 30 s.
+func pastLimitRun(grace time.Duration) time.Duration { return min(grace/4, 30*time.Second) }
 
 // pastHoldLimit reports whether pod finished, as it shows, heldAtMost
 // graces ago or more.
@@ -133,7 +153,7 @@ func pastHoldLimit(pod *Pod, now time.Time, grace time.Duration) bool {
 // not seen before is seen now, with none of its grace used; one seen
 // before adds elapsed to the grace it used when its grace runs now (runs)
 // — and the pods to release: those that have used all of it, and those
-// past the hold limit whose grace has run in this process. Pods no longer
+// past the hold limit that have used pastLimitRun of it. Pods no longer
 // held are forgotten.
 func overdue(held []*Pod, before map[types.UID]heldPod, now time.Time, elapsed, grace time.Duration, runs func(*Pod) bool) (map[types.UID]heldPod, []*Pod) {
 	known := make(map[types.UID]heldPod, len(held))
@@ -148,7 +168,7 @@ func overdue(held []*Pod, before map[types.UID]heldPod, now time.Time, elapsed, 
 			h.used += elapsed
 		}
 		known[pod.UID] = h
-		if h.used >= grace || running && h.used > 0 && pastHoldLimit(pod, now, grace) {
+		if h.used >= grace || running && h.used >= pastLimitRun(grace) && pastHoldLimit(pod, now, grace) {
 			expired = append(expired, pod)
 		}
 	}

@@ -149,24 +149,24 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 	return out
 }
 
-// finishedAt returns the latest time that pod's own metadata shows for its
-// finish: when its deletion was asked for (deletionTimestamp less its grace
-// period) and, for a terminal pod, the last change any client made to it
-// (managedFields: the change to a terminal phase is one of them). So it is
-// never earlier than the finish. Zero when the pod shows neither.
+// finishedAt returns the time that pod's own metadata shows for its
+// finish, never earlier than it: for a pod being deleted, when its
+// deletion was asked for (deletionTimestamp less its grace period; a pod
+// being deleted counts as finished from then on); for a terminal pod, the
+// last change any client made to it (managedFields: the change to a
+// terminal phase is one of them). Zero when the pod shows none.
 func finishedAt(pod *corev1.Pod) time.Time {
-	var t time.Time
 	if dt := pod.DeletionTimestamp; dt != nil {
-		t = dt.Time
+		t := dt.Time
 		if g := pod.DeletionGracePeriodSeconds; g != nil {
 			t = t.Add(-time.Duration(*g) * time.Second)
 		}
+		return t
 	}
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		for _, f := range pod.ManagedFields {
-			if f.Time != nil && f.Time.After(t) {
-				t = f.Time.Time
-			}
+	var t time.Time
+	for _, f := range pod.ManagedFields {
+		if f.Time != nil && f.Time.After(t) {
+			t = f.Time.Time
 		}
 	}
 	return t

@@ -79,9 +79,10 @@ const parentReadWait = 2 * time.Second
 // a reconcile. An aggregator that was away gives every pod the whole grace
 // when it comes back, except a pod that finished, as its own metadata
 // shows, heldAtMost graces ago or more: it is released once its grace has
-// run in this process at all (a pass), recorded or not. So no history of
-// restarts and leader changes, each starting the grace anew, holds a pod
-// much past heldAtMost graces after its finish.
+// run for pastLimitRun in this process (a quarter of the grace, at most 30
+// s), recorded or not. So no history of restarts and leader changes, each
+// starting the grace anew, holds a pod much past heldAtMost graces after
+// its finish, unless no process lives that long.
 //
 // The release of a parent's pods as lost and the recording of its pods in
 // its ledger exclude each other (recordLocks): a pod is counted in a total
@@ -196,7 +197,7 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	u.lastPass[kind] = now
 	known, expired := overdue(held, u.held[kind], now, elapsed, u.grace, runs)
 	u.held[kind] = known
-	reportHeld(kind, known, now)
+	reportHeld(kind, held, known, now)
 	u.logWaiting(kind, held, known, now, func(pod *Pod) string {
 		switch g := parents[parentOf(pod)]; {
 		case !writes:
@@ -210,12 +211,12 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 		}
 		return "not recorded yet: its parent's status writes fail (the reconciler's log says why); the grace runs"
 	})
-	// A pod held for a second grace, or past the hold limit, is released
-	// even when whether it is lost cannot be told (its parent's ledger
-	// unreadable): the bound holds.
+	// A pod held for a second grace is released even when whether it is
+	// lost cannot be told (its parent's ledger unreadable): the bound
+	// holds.
 	forced := map[types.UID]bool{}
 	for _, pod := range expired {
-		forced[pod.UID] = known[pod.UID].used >= 2*u.grace || pastHoldLimit(pod, now, u.grace)
+		forced[pod.UID] = known[pod.UID].used >= 2*u.grace
 	}
 	u.mu.Unlock()
 	if !writes {

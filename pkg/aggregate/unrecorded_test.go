@@ -73,9 +73,12 @@ func TestOverdue(t *testing.T) {
 			before: map[types.UID]heldPod{"a": used(time.Second), "b": used(time.Second)}, elapsed: time.Second,
 			runs: func(p *Pod) bool { return p.UID == "a" },
 			want: map[types.UID]heldPod{"a": used(2 * time.Second), "b": used(time.Second)}},
-		{name: "past the hold limit: released once its grace ran here, however little",
-			held: []*Pod{finishedAgo("a", 5*grace)}, before: map[types.UID]heldPod{"a": used(0)}, elapsed: 2 * time.Second, runs: always,
-			want: map[types.UID]heldPod{"a": used(2 * time.Second)}, wantExpired: []types.UID{"a"}},
+		{name: "past the hold limit: released once its grace ran here for a quarter of it (at most 30s)",
+			held: []*Pod{finishedAgo("a", 5*grace)}, before: map[types.UID]heldPod{"a": used(29 * time.Second)}, elapsed: 2 * time.Second, runs: always,
+			want: map[types.UID]heldPod{"a": used(31 * time.Second)}, wantExpired: []types.UID{"a"}},
+		{name: "past the hold limit: held while its reconciles may still record it",
+			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(2 * time.Second)}, elapsed: 2 * time.Second, runs: always,
+			want: map[types.UID]heldPod{"a": used(4 * time.Second)}},
 		{name: "past the hold limit, first seen: held for a pass",
 			held: []*Pod{finishedAgo("a", time.Hour)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": {seen: now}}},
@@ -129,19 +132,29 @@ func TestIndexHeld(t *testing.T) {
 func TestReportHeld(t *testing.T) {
 	now := time.Unix(10_000, 0)
 	kind := schema.GroupKind{Group: "example.tally.dev", Kind: "HeldPool"}
+	pod := func(uid types.UID, finishedAgo time.Duration) *Pod {
+		p := &Pod{Meta: Meta{UID: uid}}
+		if finishedAgo > 0 {
+			p.FinishedAt = now.Add(-finishedAgo).Unix()
+		}
+		return p
+	}
 	tests := []struct {
 		name          string
+		pods          []*Pod
 		held          map[types.UID]heldPod
 		count, oldest float64
 	}{
-		{name: "two held, the oldest for 90s (whatever grace it used)", held: map[types.UID]heldPod{
+		{name: "two held, the oldest for 90s (whatever grace it used)", pods: []*Pod{pod("a", 0), pod("b", 0)}, held: map[types.UID]heldPod{
 			"a": {seen: now.Add(-90 * time.Second), used: time.Second}, "b": {seen: now.Add(-time.Second)},
 		}, count: 2, oldest: 90},
+		{name: "seen a moment ago by this process, finished 10 minutes ago", pods: []*Pod{pod("a", 10*time.Minute)},
+			held: map[types.UID]heldPod{"a": {seen: now.Add(-time.Second)}}, count: 1, oldest: 600},
 		{name: "none held", count: 0, oldest: 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			reportHeld(kind, tt.held, now)
+			reportHeld(kind, tt.pods, tt.held, now)
 			assert.Equal(t, tt.count, testutil.ToFloat64(heldPods.WithLabelValues(kind.String())))
 			assert.Equal(t, tt.oldest, testutil.ToFloat64(oldestHeldPod.WithLabelValues(kind.String())))
 		})
@@ -382,10 +395,10 @@ func TestFinishedAt(t *testing.T) {
 			pod: corev1.Pod{ObjectMeta: metav1.ObjectMeta{Finalizers: tracked, ManagedFields: fields, DeletionTimestamp: at(2_030), DeletionGracePeriodSeconds: ptr.To[int64](30)},
 				Status: corev1.PodStatus{Phase: corev1.PodRunning}},
 			want: 2_000},
-		{name: "terminal, then deleted: the later",
-			pod: corev1.Pod{ObjectMeta: metav1.ObjectMeta{Finalizers: tracked, ManagedFields: fields, DeletionTimestamp: at(1_200)},
+		{name: "terminal and deleted: when its deletion was asked for, whatever changed after",
+			pod: corev1.Pod{ObjectMeta: metav1.ObjectMeta{Finalizers: tracked, ManagedFields: fields, DeletionTimestamp: at(1_800)},
 				Status: corev1.PodStatus{Phase: corev1.PodSucceeded}},
-			want: 1_500},
+			want: 1_800},
 		{name: "terminal, no time shown: unknown",
 			pod:  corev1.Pod{ObjectMeta: metav1.ObjectMeta{Finalizers: tracked}, Status: corev1.PodStatus{Phase: corev1.PodSucceeded}},
 			want: 0},

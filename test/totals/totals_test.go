@@ -412,10 +412,11 @@ func TestAwayLongerThanTheGrace(t *testing.T) {
 
 // TestHeldAtMostAcrossRestarts: the pool's status writes are refused, so
 // no pod can be recorded, and the aggregator is killed and started again
-// every 6 s, so that no process lives long enough to use a whole grace (8
+// every 8 s, so that no process lives long enough to use a whole grace (8
 // s). The pods are released all the same, as lost, within the hold limit
-// (5 graces after their finish, as the pods show it) and a few passes;
-// before, each process started the grace anew and they were held forever.
+// (5 graces after their finish, as the pods show it) and a quarter of a
+// grace run in one process; before, each process started the grace anew
+// and they were held forever.
 func TestHeldAtMostAcrossRestarts(t *testing.T) {
 	framework.Long(t)
 	ctx := context.Background()
@@ -431,11 +432,11 @@ func TestHeldAtMostAcrossRestarts(t *testing.T) {
 	deleted := time.Now()
 	a := startAggregator(t, "aggregator", withTotals, "", "--tracking-grace", grace.String())
 	for time.Since(deleted) < 5*grace+20*time.Second && len(withFinalizer(t, ns)) > 0 {
-		time.Sleep(6 * time.Second)
+		time.Sleep(8 * time.Second)
 		a.kill()
 		a.start()
 	}
-	require.Empty(t, withFinalizer(t, ns), "pods held %s after they were deleted, under an aggregator restarted every 6 s", time.Since(deleted).Round(time.Second))
+	require.Empty(t, withFinalizer(t, ns), "pods held %s after they were deleted, under an aggregator restarted every 8 s", time.Since(deleted).Round(time.Second))
 	t.Logf("every pod released %s after it was deleted (hold limit %s)", time.Since(deleted).Round(time.Second), 5*grace)
 	c, u, ledger := totals(t, ns, "pool")
 	assert.Equal(t, [3]int64{0, 0, 0}, [3]int64{c, u, int64(ledger)}, "nothing could be recorded: the pods are lost, not counted")
