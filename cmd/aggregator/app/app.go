@@ -229,7 +229,7 @@ func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, o
 		return err
 	}
 	p.set(synced)
-	if err := mgr.Add(staleView(restCfg, watch, staleViewAfter)); err != nil {
+	if err := mgr.Add(staleView(restCfg, watch, staleViewAfter, relistAllowance)); err != nil {
 		return err
 	}
 	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect, "leaderElectionID", opts.LeaderElectionID,

@@ -18,12 +18,19 @@ import (
 // and the API server answers.
 const staleViewAfter = 10 * time.Second
 
+// relistAllowance is how long a relist under way (a LIST of every pod, or a
+// watch-list's initial events) may take before its time counts as stale: at
+// 150,000 pods one takes about 20 s, and a new manager would only start it
+// again.
+const relistAllowance = time.Minute
+
 // errStaleView stops a manager whose pod view stays stale while the API
 // server answers.
 var errStaleView = errors.New("the pod view stayed stale while the API server answered: starting a new manager with new caches (giving up the lease, if held)")
 
 // staleView stops the manager when its pod view has been stale for after
-// (staleViewAfter) of time during which the API server answered: whatever
+// (staleViewAfter) of time during which the API server answered, a relist
+// under way counting only once it has taken allowance (relistAllowance): whatever
 // keeps the view stale (a watch that cannot be reopened, a relist never
 // counted as delivered, client-go's relist back-off), a new manager lists
 // the pods afresh, and a leader gives the lease up, so that a replica with
@@ -33,13 +40,16 @@ var errStaleView = errors.New("the pod view stayed stale while the API server an
 // Only the time the API server answered counts, and a check it did not
 // answer (it is away, or too slow for 2 s) pauses the count instead of
 // starting it anew, so that a loaded API server that misses a check now and
-// then cannot keep a view stale for good. A view that is stale because the
+// then cannot keep a view stale for good. Nor does the first allowance of
+// a relist under way count (a new manager would start it again), nor the moment between two watches while the indexer catches
+// up with what the reflector synced (the view is not stale then, only not
+// yet known fresh). A view that is stale because the
 // API server throttles the pod list or watch (429, API Priority and
 // Fairness) starts the count anew: every replica is throttled alike, a new
 // manager would only relist, and after an outage the watch needs a moment
 // to deliver again. Nothing is written from the stale view meanwhile
 // (MayWrite).
-func staleView(restCfg *rest.Config, watch *watchMonitor, after time.Duration) manager.Runnable {
+func staleView(restCfg *rest.Config, watch *watchMonitor, after, allowance time.Duration) manager.Runnable {
 	return alwaysRunnable(func(ctx context.Context) error {
 		cfg := rest.CopyConfig(restCfg)
 		cfg.Timeout = 2 * time.Second
@@ -66,15 +76,15 @@ func staleView(restCfg *rest.Config, watch *watchMonitor, after time.Duration) m
 				answered = 0
 				continue
 			}
+			stale := watch.stale()
+			if stale == 0 || watch.relistFor() > 0 && watch.relistFor() < allowance {
+				continue
+			}
 			if _, err := disco.ServerVersion(); err != nil {
 				continue
 			}
-			answered += step
-			stale := watch.stale()
-			if stale > 0 {
-				// The first step may have begun before the view went stale.
-				answered = min(answered, stale)
-			}
+			// The first step may have begun before the view went stale.
+			answered = min(answered+step, stale)
 			if answered >= after {
 				return fmt.Errorf("%w (stale for %s, %s of it with the API server answering)", errStaleView,
 					stale.Round(time.Second), answered.Round(time.Second))

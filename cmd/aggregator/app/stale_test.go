@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -66,7 +67,7 @@ func TestStaleViewStopsTheManager(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
 			defer cancel()
-			err = staleView(cfg, watch, 2*time.Second).Start(ctx)
+			err = staleView(cfg, watch, 2*time.Second, time.Minute).Start(ctx)
 			if tc.stops {
 				assert.True(t, errors.Is(err, errStaleView), "the manager ran on with a stale view: %v", err)
 				assert.Equal(t, "stale_view", restartReason(err))
@@ -75,6 +76,69 @@ func TestStaleViewStopsTheManager(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStaleViewWaitsForWhatIsUnderWay: a relist under way (its LIST slow,
+// as at scale) counts only once it has taken the allowance, and the moment
+// between two watches, while the indexer catches up with what the
+// reflector synced, does not count at all: a new manager would do no
+// better.
+func TestStaleViewWaitsForWhatIsUnderWay(t *testing.T) {
+	t.Run("a slow relist", func(t *testing.T) {
+		listed := make(chan struct{})
+		defer close(listed)
+		api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == podWatchPath {
+				select {
+				case <-listed:
+				case <-r.Context().Done():
+				}
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
+		}))
+		defer api.Close()
+		cfg := &rest.Config{Host: api.URL}
+		watch := newWatchMonitor(logr.Discard())
+		watch.wrap(cfg)
+		watch.broken("cut by the test")
+		client, err := rest.HTTPClientFor(cfg)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL+podWatchPath+"?labelSelector="+url.QueryEscape(podSelector), nil)
+			if resp, err := client.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		require.Eventually(t, func() bool { return watch.relistFor() > 0 }, 2*time.Second, 10*time.Millisecond)
+
+		run, stop := context.WithTimeout(ctx, 4*time.Second)
+		defer stop()
+		assert.NoError(t, staleView(cfg, watch, time.Second, time.Minute).Start(run), "a relist under way, within its allowance, counted")
+		run, stop = context.WithTimeout(ctx, 6*time.Second)
+		defer stop()
+		assert.ErrorIs(t, staleView(cfg, watch, time.Second, 2*time.Second).Start(run), errStaleView, "a relist under way past its allowance did not count")
+	})
+	t.Run("between two watches", func(t *testing.T) {
+		end := make(chan struct{})
+		watch, inf, get := monitoredAPI(t, end)
+		first := get("&watch=true&resourceVersion=10")
+		close(end)
+		_, _ = io.ReadAll(first.Body)
+		first.Body.Close()
+		inf.set("12", "10") // the reflector synced what the indexer does not hold yet
+		second := get("&watch=true&resourceVersion=12")
+		defer second.Body.Close()
+		require.False(t, watch.fresh())
+		require.Zero(t, watch.stale())
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		cfg := &rest.Config{Host: second.Request.URL.Scheme + "://" + second.Request.URL.Host}
+		assert.NoError(t, staleView(cfg, watch, time.Second, time.Minute).Start(ctx), "the moment between two watches counted as stale")
+	})
 }
 
 func TestRestartReason(t *testing.T) {

@@ -229,6 +229,17 @@ func (m *watchMonitor) brokenAt(t time.Time, reason string) {
 	m.log.Info("Pod watch interrupted: counts may be stale until it recovers", "reason", reason)
 }
 
+// relistFor returns how long the relist sent since the view broke has been
+// under way (not yet delivered); 0 when none is.
+func (m *watchMonitor) relistFor() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.relisting || m.brokenSince.IsZero() {
+		return 0
+	}
+	return time.Since(m.relistAt)
+}
+
 // isThrottled reports whether the view is stale because the API server
 // throttles the pod list or watch (its last answer was 429).
 func (m *watchMonitor) isThrottled() bool {
