@@ -30,6 +30,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -121,8 +122,10 @@ type run struct {
 	ns       string
 	uids     map[string]types.UID
 	replicas [2]*replica
-	history  *framework.TotalsHistory
 	counts   *countsHistory
+	// recreate asks the churn to delete a pool, with its live pods as the
+	// garbage collector would, and create it again under its name.
+	recreate chan string
 	lost     float64
 
 	mu    sync.Mutex
@@ -131,24 +134,24 @@ type run struct {
 	// stopped, cut off, its view stale past the bound, the API server
 	// restarted. Throttling is not one.
 	disruptive int
-	start time.Time
+	start      time.Time
 	// live holds the pods not yet finished, by pool; want the totals each
-	// pool must end with.
+	// pool (by UID: a pool created again starts from none) must end with.
 	live map[string][]*corev1.Pod
-	want map[string][2]int64
+	want map[types.UID][2]int64
 }
 
 func newRun(t *testing.T, cfg *config.Config, seed uint64) *run {
 	ctx := context.Background()
 	ns, err := env.Namespace(ctx, "robustness")
 	require.NoError(t, err)
-	r := &run{seed: seed, ns: ns, uids: map[string]types.UID{}, live: map[string][]*corev1.Pod{}, want: map[string][2]int64{}, start: time.Now()}
+	r := &run{seed: seed, ns: ns, uids: map[string]types.UID{}, live: map[string][]*corev1.Pod{}, want: map[types.UID][2]int64{},
+		start: time.Now(), recreate: make(chan string, 1)}
 	for i := range pools {
 		pool := operator.Pool(ns, fmt.Sprintf("pool-%d", i), 0)
 		require.NoError(t, env.Client.Create(ctx, pool))
 		r.uids[pool.GetName()] = pool.GetUID()
 	}
-	r.history = framework.WatchTotals(t, env.Config, ns)
 	r.counts = watchCounts(t, ns, r.uids)
 	r.lost = counter(t, "tally_aggregator_tracking_lost_pods_total")
 	for i := range r.replicas {
@@ -209,6 +212,9 @@ func (r *run) churn(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 		select {
 		case <-done:
 			return
+		case pool := <-r.recreate:
+			r.recreatePool(t, pool)
+			continue
 		case <-time.After(time.Duration(20+rng.IntN(60)) * time.Millisecond):
 		}
 		pool := fmt.Sprintf("pool-%d", rng.IntN(pools))
@@ -248,15 +254,46 @@ func (r *run) finish(t *testing.T, pool string, pod *corev1.Pod, ending string, 
 		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"status":{"phase":%q}}`, ending))
 		r.retry(t, ending+" "+pod.Name, func(ctx context.Context) error { return env.Client.Status().Patch(ctx, pod.DeepCopy(), patch) }, nil)
 	}
+	uid := metav1.GetControllerOf(pod).UID
 	r.mu.Lock()
-	w := r.want[pool]
+	w := r.want[uid]
 	if intent {
 		w[0]++
 	} else {
 		w[1]++
 	}
-	r.want[pool] = w
+	r.want[uid] = w
 	r.mu.Unlock()
+}
+
+// recreatePool deletes pool and its live pods, as the garbage collector
+// would (their finish is counted nowhere: tally releases them uncounted),
+// and creates a pool under the same name, which must start from no counts
+// and no totals.
+func (r *run) recreatePool(t *testing.T, pool string) {
+	old := &unstructured.Unstructured{}
+	old.SetGroupVersionKind(operator.GVK)
+	old.SetNamespace(r.ns)
+	old.SetName(pool)
+	r.retry(t, "delete "+pool, func(ctx context.Context) error { return client.IgnoreNotFound(env.Client.Delete(ctx, old.DeepCopy())) }, nil)
+	for _, pod := range r.live[pool] {
+		r.retry(t, "delete "+pod.Name, func(ctx context.Context) error { return client.IgnoreNotFound(env.Client.Delete(ctx, pod.DeepCopy())) }, nil)
+	}
+	r.live[pool] = nil
+	created := operator.Pool(r.ns, pool, 0)
+	if r.retry(t, "create "+pool, func(ctx context.Context) error {
+		if err := env.Client.Create(ctx, created); apierrors.IsAlreadyExists(err) {
+			// The old pool is still being deleted.
+			return fmt.Errorf("%s still exists", pool)
+		} else if err != nil {
+			return err
+		}
+		return nil
+	}, nil) {
+		r.uids[pool] = created.GetUID()
+		r.counts.addPool(pool, created)
+		r.note("%s created again, UID %s", pool, created.GetUID())
+	}
 }
 
 // retry sends op until the API server takes it (an API server restart
@@ -311,7 +348,7 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 		i := rng.IntN(len(r.replicas))
 		rep := r.replicas[i]
 		d := time.Duration(1+rng.IntN(8)) * time.Second
-		switch rng.IntN(11) {
+		switch rng.IntN(12) {
 		case 0, 1:
 			r.note("replica %d cut off from the API server for %s", i, d)
 			r.disrupt()
@@ -350,6 +387,10 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			for _, rep := range r.replicas {
 				rep.start()
 			}
+		case 11:
+			pool := fmt.Sprintf("pool-%d", rng.IntN(pools))
+			r.note("%s deleted with its live pods, and created again", pool)
+			r.recreate <- pool
 		case 7, 8:
 			down := time.Duration(rng.IntN(3)) * time.Second
 			r.note("kube-apiserver killed, started again %s later", down)
@@ -386,11 +427,12 @@ func (r *run) check(t *testing.T) {
 	lines := r.schedule()
 	t.Logf("%d pods finished; every invariant held %s after the faults ended; schedule:\n%s",
 		finished, settleBound-time.Until(deadline).Round(10*time.Millisecond), strings.Join(lines, "\n"))
-	for pool, w := range r.want {
+	for uid, seen := range r.counts.totalsSeen() {
+		w := r.want[uid]
 		var last [2]int64
-		for _, s := range r.history.Of(pool) {
-			assert.True(t, s[0] >= last[0] && s[1] >= last[1], "%s: a total went down, from %v to %v", pool, last, s)
-			assert.True(t, s[0] <= w[0] && s[1] <= w[1], "%s: totals %v past the %v that finished", pool, s, w)
+		for _, s := range seen {
+			assert.True(t, s[0] >= last[0] && s[1] >= last[1], "pool %s: a total went down, from %v to %v", uid, last, s)
+			assert.True(t, s[0] <= w[0] && s[1] <= w[1], "pool %s: totals %v past the %v that finished", uid, s, w)
 			last = s
 		}
 	}
@@ -405,7 +447,7 @@ func (r *run) check(t *testing.T) {
 	t.Logf("the lease changed hands %d times over %d faults that could move it", transitions, disruptive)
 	violations, checked, unchecked, lag := r.counts.check()
 	assert.Empty(t, violations, "counts written from a view that was not whole and recent")
-	t.Logf("%d counts writes checked against the truth of the %s before each, %d not (a relist's gap in their window); "+
+	t.Logf("%d counts writes checked against the truth of the %s before each, %d not (a relist in their window); "+
 		"the oldest value written had not been the truth for %s", checked, viewBound, unchecked, lag.Round(time.Millisecond))
 }
 
@@ -437,7 +479,7 @@ func (r *run) problems(ctx context.Context) []string {
 		}
 		c, x, ledger := framework.Totals(u)
 		r.mu.Lock()
-		w := r.want[pool]
+		w := r.want[uid]
 		r.mu.Unlock()
 		if c != w[0] || x != w[1] || ledger != 0 {
 			out = append(out, fmt.Sprintf("%s: completedTotal %d, unexpectedTotal %d, ledger %d; %d and %d finished", pool, c, x, ledger, w[0], w[1]))
