@@ -39,28 +39,11 @@ func TestStaleViewStopsTheManager(t *testing.T) {
 			missed: func(int64) bool { return true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var checks atomic.Int64
-			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path == podWatchPath {
-					w.Header().Set("Retry-After", "1")
-					http.Error(w, http.StatusText(tc.status), tc.status)
-					return
-				}
-				if tc.missed != nil && tc.missed(checks.Add(1)) {
-					http.Error(w, "unavailable", http.StatusServiceUnavailable)
-					return
-				}
-				w.Header().Set("Content-Type", "application/json")
-				_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
-			}))
-			defer api.Close()
-			cfg := &rest.Config{Host: api.URL}
-			watch := newWatchMonitor(logr.Discard())
-			watch.wrap(cfg)
-			client, err := rest.HTTPClientFor(cfg)
-			require.NoError(t, err)
-			list := api.URL + podWatchPath + "?labelSelector=" + url.QueryEscape(podSelector)
-			resp, err := client.Get(list)
+			cfg, watch, get := versionAPI(t, func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Retry-After", "1")
+				http.Error(w, http.StatusText(tc.status), tc.status)
+			}, tc.missed)
+			resp, err := get(context.Background())
 			require.NoError(t, err)
 			resp.Body.Close()
 			require.False(t, watch.fresh(), "a pod list answered %d leaves the view stale", tc.status)
@@ -87,29 +70,17 @@ func TestStaleViewWaitsForWhatIsUnderWay(t *testing.T) {
 	t.Run("a slow relist", func(t *testing.T) {
 		listed := make(chan struct{})
 		defer close(listed)
-		api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == podWatchPath {
-				select {
-				case <-listed:
-				case <-r.Context().Done():
-				}
-				return
+		cfg, watch, get := versionAPI(t, func(_ http.ResponseWriter, r *http.Request) {
+			select {
+			case <-listed:
+			case <-r.Context().Done():
 			}
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
-		}))
-		defer api.Close()
-		cfg := &rest.Config{Host: api.URL}
-		watch := newWatchMonitor(logr.Discard())
-		watch.wrap(cfg)
+		}, nil)
 		watch.broken("cut by the test")
-		client, err := rest.HTTPClientFor(cfg)
-		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go func() {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL+podWatchPath+"?labelSelector="+url.QueryEscape(podSelector), nil)
-			if resp, err := client.Do(req); err == nil {
+			if resp, err := get(ctx); err == nil {
 				resp.Body.Close()
 			}
 		}()
@@ -139,6 +110,40 @@ func TestStaleViewWaitsForWhatIsUnderWay(t *testing.T) {
 		cfg := &rest.Config{Host: second.Request.URL.Scheme + "://" + second.Request.URL.Host}
 		assert.NoError(t, staleView(cfg, watch, time.Second, time.Minute).Start(ctx), "the moment between two watches counted as stale")
 	})
+}
+
+// versionAPI serves the API server's version (leaving check n unanswered
+// when missed says so) and pod lists with pods; it returns a config whose
+// requests the returned watch monitor observes, and get, which sends a pod
+// list through it.
+func versionAPI(t *testing.T, pods http.HandlerFunc, missed func(n int64) bool) (*rest.Config, *watchMonitor, func(context.Context) (*http.Response, error)) {
+	t.Helper()
+	var checks atomic.Int64
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == podWatchPath {
+			pods(w, r)
+			return
+		}
+		if missed != nil && missed(checks.Add(1)) {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
+	}))
+	t.Cleanup(api.Close)
+	cfg := &rest.Config{Host: api.URL}
+	watch := newWatchMonitor(logr.Discard())
+	watch.wrap(cfg)
+	client, err := rest.HTTPClientFor(cfg)
+	require.NoError(t, err)
+	return cfg, watch, func(ctx context.Context) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, api.URL+podWatchPath+"?labelSelector="+url.QueryEscape(podSelector), nil)
+		if err != nil {
+			return nil, err
+		}
+		return client.Do(req)
+	}
 }
 
 func TestRestartReason(t *testing.T) {
