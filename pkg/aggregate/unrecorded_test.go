@@ -79,9 +79,15 @@ func TestOverdue(t *testing.T) {
 		{name: "past the hold limit: held while its reconciles may still record it",
 			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(2 * time.Second)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": used(4 * time.Second)}},
-		{name: "past the hold limit, first seen: held for a pass",
+		{name: "past the hold limit, first seen: none of the grace used here yet",
 			held: []*Pod{finishedAgo("a", time.Hour)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": {seen: now}}},
+		{name: "past the hold limit, exactly 30s used: released",
+			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(28 * time.Second)}, elapsed: 2 * time.Second, runs: always,
+			want: map[types.UID]heldPod{"a": used(30 * time.Second)}, wantExpired: []types.UID{"a"}},
+		{name: "past the hold limit, enough used but paused now: held",
+			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(time.Minute)}, elapsed: 2 * time.Second, runs: never,
+			want: map[types.UID]heldPod{"a": used(time.Minute)}},
 		{name: "past the hold limit, paused: held",
 			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(time.Second)}, elapsed: 2 * time.Second, runs: never,
 			want: map[types.UID]heldPod{"a": used(time.Second)}},
@@ -102,6 +108,14 @@ func TestOverdue(t *testing.T) {
 			assert.Equal(t, tt.wantExpired, uids)
 		})
 	}
+	t.Run("a short grace: a quarter of it is enough past the hold limit", func(t *testing.T) {
+		const short = 8 * time.Second
+		pod := finishedAgo("a", 5*short)
+		_, expired := overdue([]*Pod{pod}, map[types.UID]heldPod{"a": used(time.Second)}, now, time.Second, short, always)
+		assert.Len(t, expired, 1)
+		_, expired = overdue([]*Pod{pod}, map[types.UID]heldPod{"a": used(0)}, now, time.Second, short, always)
+		assert.Empty(t, expired, "released with less than a quarter of a short grace used")
+	})
 }
 
 func TestIndexHeld(t *testing.T) {

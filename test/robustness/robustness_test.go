@@ -282,11 +282,17 @@ func (r *run) recreatePool(t *testing.T, pool string) {
 	r.live[pool] = nil
 	created := operator.Pool(r.ns, pool, 0)
 	if r.retry(t, "create "+pool, func(ctx context.Context) error {
-		if err := env.Client.Create(ctx, created); apierrors.IsAlreadyExists(err) {
-			// The old pool is still being deleted.
-			return fmt.Errorf("%s still exists", pool)
-		} else if err != nil {
+		err := env.Client.Create(ctx, created)
+		if !apierrors.IsAlreadyExists(err) {
 			return err
+		}
+		// The old pool still being deleted, or this create taken by an API
+		// server whose answer was lost.
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: pool}, created); err != nil {
+			return err
+		}
+		if created.GetUID() == r.uids[pool] {
+			return fmt.Errorf("%s still exists", pool)
 		}
 		return nil
 	}, nil) {
@@ -390,7 +396,11 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 		case 11:
 			pool := fmt.Sprintf("pool-%d", rng.IntN(pools))
 			r.note("%s deleted with its live pods, and created again", pool)
-			r.recreate <- pool
+			select {
+			case r.recreate <- pool:
+			case <-done:
+				return
+			}
 		case 7, 8:
 			down := time.Duration(rng.IntN(3)) * time.Second
 			r.note("kube-apiserver killed, started again %s later", down)

@@ -29,8 +29,7 @@ const relistAllowance = time.Minute
 var errStaleView = errors.New("the pod view stayed stale while the API server answered: starting a new manager with new caches (giving up the lease, if held)")
 
 // staleView stops the manager when its pod view has been stale for after
-// (staleViewAfter) of time during which the API server answered, a relist
-// under way counting only once it has taken allowance (relistAllowance): whatever
+// (staleViewAfter) of time during which the API server answered: whatever
 // keeps the view stale (a watch that cannot be reopened, a relist never
 // counted as delivered, client-go's relist back-off), a new manager lists
 // the pods afresh, and a leader gives the lease up, so that a replica with
@@ -40,15 +39,16 @@ var errStaleView = errors.New("the pod view stayed stale while the API server an
 // Only the time the API server answered counts, and a check it did not
 // answer (it is away, or too slow for 2 s) pauses the count instead of
 // starting it anew, so that a loaded API server that misses a check now and
-// then cannot keep a view stale for good. Nor does the first allowance of
-// a relist under way count (a new manager would start it again), nor the moment between two watches while the indexer catches
-// up with what the reflector synced (the view is not stale then, only not
-// yet known fresh). A view that is stale because the
-// API server throttles the pod list or watch (429, API Priority and
-// Fairness) starts the count anew: every replica is throttled alike, a new
-// manager would only relist, and after an outage the watch needs a moment
-// to deliver again. Nothing is written from the stale view meanwhile
-// (MayWrite).
+// then cannot keep a view stale for good. Nor does the first allowance
+// (relistAllowance) of a relist under way count (a new manager would start
+// it again; relists retried one after another are one), nor the first
+// allowance between two watches while the indexer catches up with what the
+// reflector synced (the view is not stale then, only not yet known fresh).
+// A view that is stale because the API server throttles the pod list or
+// watch (429, API Priority and Fairness) starts the count anew: every
+// replica is throttled alike, a new manager would only relist, and after an
+// outage the watch needs a moment to deliver again. Nothing is written from
+// the stale view meanwhile (MayWrite).
 func staleView(restCfg *rest.Config, watch *watchMonitor, after, allowance time.Duration) manager.Runnable {
 	return alwaysRunnable(func(ctx context.Context) error {
 		cfg := rest.CopyConfig(restCfg)
@@ -77,7 +77,15 @@ func staleView(restCfg *rest.Config, watch *watchMonitor, after, allowance time.
 				continue
 			}
 			stale := watch.stale()
-			if stale == 0 || watch.relistFor() > 0 && watch.relistFor() < allowance {
+			if stale == 0 {
+				// Between two watches: not stale, only not yet known
+				// fresh, unless that lasts.
+				if stale = watch.betweenFor(); stale < allowance {
+					answered = 0
+					continue
+				}
+			}
+			if relist := watch.relistFor(); relist > 0 && relist < allowance {
 				continue
 			}
 			if _, err := disco.ServerVersion(); err != nil {
@@ -106,7 +114,7 @@ func (alwaysRunnable) NeedLeaderElection() bool { return false }
 // again, by reason.
 var managerRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tally_aggregator_manager_restarts_total",
-	Help: "Managers the aggregator stopped and started again in its process, by reason: stale_view (the pod view stayed stale 10 s while the API server answered), lease_lost, or error (the API server unreachable at start, or another failure; the log says which).",
+	Help: "Managers the aggregator stopped and started again in its process, by reason: stale_view (the pod view stayed stale for 10 s of time the API server answered, a relist under way counting after its first minute), lease_lost, or error (the API server unreachable at start, or another failure; the log says which).",
 }, []string{"reason"})
 
 func init() { metrics.Registry.MustRegister(managerRestarts) }

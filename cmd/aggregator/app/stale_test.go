@@ -109,6 +109,29 @@ func TestStaleViewWaitsForWhatIsUnderWay(t *testing.T) {
 		defer cancel()
 		cfg := &rest.Config{Host: second.Request.URL.Scheme + "://" + second.Request.URL.Host}
 		assert.NoError(t, staleView(cfg, watch, time.Second, time.Minute).Start(ctx), "the moment between two watches counted as stale")
+		ctx, cancel = context.WithTimeout(context.Background(), 4*time.Second)
+		defer cancel()
+		assert.ErrorIs(t, staleView(cfg, watch, time.Second, time.Second).Start(ctx), errStaleView, "between two watches for longer than the allowance did not count")
+	})
+	t.Run("relists retried one after another", func(t *testing.T) {
+		cfg, watch, get := versionAPI(t, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, nil)
+		watch.broken("cut by the test")
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			// Each relist given up after 300 ms and sent again: no break,
+			// one relist under way.
+			for ctx.Err() == nil {
+				attempt, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+				if resp, err := get(attempt); err == nil {
+					resp.Body.Close()
+				}
+				stop()
+			}
+		}()
+		run, stop := context.WithTimeout(ctx, 5*time.Second)
+		defer stop()
+		assert.ErrorIs(t, staleView(cfg, watch, time.Second, 2*time.Second).Start(run), errStaleView, "relists retried one after another kept the count from starting")
 	})
 }
 

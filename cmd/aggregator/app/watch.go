@@ -52,10 +52,13 @@ type watchMonitor struct {
 	informer podInformer
 	// relisting is set once a relist (a LIST, or a watch-list: a watch with
 	// sendInitialEvents) was sent since the watch broke, with what the
-	// reflector had synced (relistFrom) and when (relistAt) it was sent.
-	relisting  bool
-	relistFrom string
-	relistAt   time.Time
+	// reflector had synced (relistFrom) and when (relistAt) the last one was
+	// sent, and when the first was (relistSince: relists retried one after
+	// another are one relist under way).
+	relisting   bool
+	relistFrom  string
+	relistAt    time.Time
+	relistSince time.Time
 	// settled is set once a watch resumed from the reflector's last
 	// resourceVersion stayed open for watchSettle since the watch broke.
 	settled bool
@@ -65,6 +68,7 @@ type watchMonitor struct {
 	// a few minutes and client-go opens the next at once, so only a watch
 	// that stays closed is counted as broken (brokenAt).
 	between     bool
+	betweenAt   time.Time
 	endedStream int
 	// epoch counts the times the view stopped being fresh (a break, or a
 	// watch ended): a count taken in one epoch is not written in another.
@@ -140,7 +144,11 @@ func (m *watchMonitor) relist() {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.relisting, m.relistFrom, m.relistAt = true, from, time.Now()
+	now := time.Now()
+	if !m.relisting {
+		m.relistSince = now
+	}
+	m.relisting, m.relistFrom, m.relistAt = true, from, now
 }
 
 // watchStream follows a pod watch: a watch resumed from the reflector's
@@ -170,6 +178,9 @@ func (m *watchMonitor) watchStream(req *http.Request, body io.ReadCloser, resume
 			if stream == m.stream {
 				if !m.between {
 					m.epoch++
+				}
+				if !m.between {
+					m.betweenAt = endedAt
 				}
 				m.between, m.endedStream = true, stream
 			}
@@ -229,15 +240,27 @@ func (m *watchMonitor) brokenAt(t time.Time, reason string) {
 	m.log.Info("Pod watch interrupted: counts may be stale until it recovers", "reason", reason)
 }
 
-// relistFor returns how long the relist sent since the view broke has been
-// under way (not yet delivered); 0 when none is.
+// relistFor returns how long a relist sent since the view broke has been
+// under way (not yet delivered), from the first of the relists retried one
+// after another; 0 when none is.
 func (m *watchMonitor) relistFor() time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.relisting || m.brokenSince.IsZero() {
 		return 0
 	}
-	return time.Since(m.relistAt)
+	return time.Since(m.relistSince)
+}
+
+// betweenFor returns how long the view has been between two watches (the
+// next one open, what came before it not yet delivered); 0 when it is not.
+func (m *watchMonitor) betweenFor() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.between {
+		return 0
+	}
+	return time.Since(m.betweenAt)
 }
 
 // isThrottled reports whether the view is stale because the API server
