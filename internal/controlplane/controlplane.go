@@ -131,6 +131,9 @@ func (e *Env) RestartAPIServer(down time.Duration) error {
 		return fmt.Errorf("stopping kube-apiserver: %w", err)
 	}
 	time.Sleep(down)
+	// envtest waits 20 s by default: a loaded machine (a cluster suite
+	// beside) has taken longer.
+	api.StartTimeout = time.Minute
 	if err := api.Start(); err != nil {
 		return fmt.Errorf("starting kube-apiserver again: %w", err)
 	}
