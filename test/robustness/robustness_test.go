@@ -6,8 +6,8 @@
 // the API server, its pod watch broken (up to 16 s: past the bound after
 // which it starts a new manager), its pod lists and watches throttled
 // (429), the replica stopped and started again, every replica stopped for
-// a while (no leader while pods finish), kube-apiserver killed and started
-// again. A failing seed prints its schedule; `make
+// a while (no leader while pods finish), a pool deleted and created again
+// under its name, kube-apiserver killed and started again. A failing seed prints its schedule; `make
 // robustness SEED=n` runs it again, `make robustness DURATION=2h` runs
 // seeds one after another for that long.
 package robustness
