@@ -49,8 +49,8 @@ type Pod struct {
 	// the backfill sweep corrects it.
 	Misstamped bool
 	// FinishedAt is, for a finished pod carrying keys.TrackingFinalizer,
-	// the latest time its own metadata shows for its finish (finishedAt),
-	// in Unix seconds; 0 otherwise, or when it shows none. It bounds how
+	// the time its own metadata shows for its finish (finishedAt), in Unix
+	// seconds; 0 otherwise, or when it shows none. It bounds how
 	// long the pod is held whatever became of the processes that saw it.
 	FinishedAt int64
 }

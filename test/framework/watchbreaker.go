@@ -84,10 +84,7 @@ func (b *WatchBreaker) Set(broken bool) {
 	defer b.mu.Unlock()
 	b.broken = broken
 	if broken {
-		for _, w := range b.watches {
-			w.Close()
-		}
-		b.watches = nil
+		b.endWatches()
 	}
 }
 
@@ -98,10 +95,7 @@ func (b *WatchBreaker) Throttle(on bool) {
 	defer b.mu.Unlock()
 	b.throttled = on
 	if on {
-		for _, w := range b.watches {
-			w.Close()
-		}
-		b.watches = nil
+		b.endWatches()
 	} else {
 		b.answered = time.Time{}
 	}
@@ -160,3 +154,11 @@ func (d *delayedBody) Read(p []byte) (int, error) {
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// endWatches ends the watches open. Called with b.mu held.
+func (b *WatchBreaker) endWatches() {
+	for _, w := range b.watches {
+		w.Close()
+	}
+	b.watches = nil
+}

@@ -178,8 +178,6 @@ func (m *watchMonitor) watchStream(req *http.Request, body io.ReadCloser, resume
 			if stream == m.stream {
 				if !m.between {
 					m.epoch++
-				}
-				if !m.between {
 					m.betweenAt = endedAt
 				}
 				m.between, m.endedStream = true, stream
