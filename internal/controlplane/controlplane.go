@@ -32,7 +32,7 @@ type Env struct {
 	// Client is a client built from Config.
 	Client client.Client
 	// certDir holds the API server's certificates, kept across
-	// RestartAPIServer.
+	// RestartAPIServer, and etcd's data in etcd/, kept across RestartEtcd.
 	certDir string
 }
 
@@ -75,9 +75,9 @@ func Start(opts Options) (*Env, error) {
 	// The API server's certificates live in a folder of this package's,
 	// not one envtest makes and forgets on Stop: a restarted API server
 	// then serves the same certificate, so every client stays valid.
-	certDir, err := os.MkdirTemp("", "tally-apiserver-")
+	certDir, err := os.MkdirTemp("", "tally-controlplane-")
 	if err != nil {
-		return nil, fmt.Errorf("creating the API server's certificate folder: %w", err)
+		return nil, fmt.Errorf("creating the control plane's folder: %w", err)
 	}
 	env := &envtest.Environment{
 		ControlPlane:          envtest.ControlPlane{APIServer: &envtest.APIServer{CertDir: certDir}},
@@ -88,8 +88,10 @@ func Start(opts Options) (*Env, error) {
 		},
 		WebhookInstallOptions: opts.Webhooks,
 	}
+	// etcd's data lives in that folder too: envtest removes a data
+	// folder it made itself when etcd stops, and RestartEtcd needs it kept.
+	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(certDir, "etcd")}
 	if opts.EtcdQuotaBytes > 0 {
-		env.ControlPlane.Etcd = &envtest.Etcd{}
 		env.ControlPlane.Etcd.Configure().Set("quota-backend-bytes", strconv.FormatInt(opts.EtcdQuotaBytes, 10))
 	}
 	e := &Env{Environment: env, certDir: certDir}
@@ -118,7 +120,7 @@ func (e *Env) Stop() error {
 // be opened again). It returns once the API server answers its health
 // check again.
 func (e *Env) RestartAPIServer(down time.Duration) error {
-	pid, err := e.apiServerPID()
+	pid, err := e.pidOf("kube-apiserver", "--cert-dir="+e.certDir)
 	if err != nil {
 		return err
 	}
@@ -140,13 +142,39 @@ func (e *Env) RestartAPIServer(down time.Duration) error {
 	return nil
 }
 
-// apiServerPID returns the pid of this control plane's kube-apiserver: the
-// one whose --cert-dir is certDir (envtest keeps its process to itself).
-func (e *Env) apiServerPID() (int, error) {
-	want := []byte("--cert-dir=" + e.certDir + "\x00")
+// RestartEtcd kills etcd (SIGKILL), waits down, and starts it again on the
+// same address with the same data: what an etcd crash is to kube-apiserver
+// (its watches on etcd end, requests fail meanwhile). It returns once etcd
+// answers its health check again.
+func (e *Env) RestartEtcd(down time.Duration) error {
+	etcd := e.ControlPlane.Etcd
+	pid, err := e.pidOf("etcd", "--data-dir="+etcd.DataDir)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("killing etcd (pid %d): %w", pid, err)
+	}
+	// Reaps the killed process.
+	if err := etcd.Stop(); err != nil {
+		return fmt.Errorf("stopping etcd: %w", err)
+	}
+	time.Sleep(down)
+	etcd.StartTimeout = time.Minute
+	if err := etcd.Start(); err != nil {
+		return fmt.Errorf("starting etcd again: %w", err)
+	}
+	return nil
+}
+
+// pidOf returns the pid of this control plane's process name: the one
+// started with arg, which names a folder of its own (envtest keeps its
+// processes to itself).
+func (e *Env) pidOf(name, arg string) (int, error) {
+	want := []byte(arg + "\x00")
 	dirs, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, fmt.Errorf("finding kube-apiserver: %w", err)
+		return 0, fmt.Errorf("finding %s: %w", name, err)
 	}
 	for _, d := range dirs {
 		pid, err := strconv.Atoi(d.Name())
@@ -158,7 +186,7 @@ func (e *Env) apiServerPID() (int, error) {
 			return pid, nil
 		}
 	}
-	return 0, fmt.Errorf("no kube-apiserver runs with --cert-dir=%s", e.certDir)
+	return 0, fmt.Errorf("no %s runs with %s", name, arg)
 }
 
 // Namespace creates a namespace with a generated name and returns its name.
