@@ -246,7 +246,24 @@ func BuildBinaries(dir string, names ...string) error {
 		}
 		return nil
 	}
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	return goBuild(dir, nil, names...)
+}
+
+// BuildRaceBinaries is BuildBinaries, but the commands are built with the
+// race detector when this test binary is: a data race in a child process
+// is then found as one in the test's own code would be (the child reports
+// it in its log, and goes on).
+func BuildRaceBinaries(dir string, names ...string) error {
+	if !raceEnabled {
+		return BuildBinaries(dir, names...)
+	}
+	return goBuild(dir, []string{"-race"}, names...)
+}
+
+// goBuild builds the named commands of cmd/ into dir with flags.
+func goBuild(dir string, flags []string, names ...string) error {
+	args := append([]string{"build"}, flags...)
+	args = append(args, "-o", dir+string(filepath.Separator))
 	for _, name := range names {
 		args = append(args, "./cmd/"+name)
 	}

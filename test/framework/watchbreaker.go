@@ -110,11 +110,11 @@ func (b *WatchBreaker) FirstAnswer() time.Time {
 }
 
 // SlowRelists makes the next relists come delay after their headers, and
-// resumed watches expire.
+// resumed watches expire; a delay of 0 ends both.
 func (b *WatchBreaker) SlowRelists(delay time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.expire, b.delay = true, delay
+	b.expire, b.delay = delay > 0, delay
 }
 
 // expired is the API server's answer to a watch from a resourceVersion it no

@@ -1,0 +1,108 @@
+package framework
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// APIProxy serves the API server in plain HTTP on a loopback port, through
+// cfg's transport: its credentials, and the faults of whatever cfg wraps
+// (a WatchBreaker). A child process given its kubeconfig meets the same
+// faults as a client built in the test from cfg would. Writes can be
+// answered 429, as API Priority and Fairness does.
+type APIProxy struct {
+	l   net.Listener
+	srv *http.Server
+
+	mu        sync.Mutex
+	throttled bool
+}
+
+// NewAPIProxy starts a proxy to cfg's API server.
+func NewAPIProxy(cfg *rest.Config) (*APIProxy, error) {
+	target, err := url.Parse(cfg.Host)
+	if err != nil {
+		return nil, fmt.Errorf("the API server's address %q: %w", cfg.Host, err)
+	}
+	rt, err := rest.TransportFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &APIProxy{l: l}
+	forward := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(target)
+			r.Out.Host = target.Host
+		},
+		Transport: rt,
+		// Watches stream: each event is passed on as it comes.
+		FlushInterval: -1,
+		// A cut, a broken watch or a killed client is the test's doing.
+		ErrorLog: log.New(io.Discard, "", 0),
+	}
+	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.throttles(r) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too many requests (throttled by the test)","reason":"TooManyRequests","details":{"retryAfterSeconds":1},"code":429}`)
+			return
+		}
+		forward.ServeHTTP(w, r)
+	}), ErrorLog: log.New(io.Discard, "", 0)}
+	go func() { _ = p.srv.Serve(l) }()
+	return p, nil
+}
+
+// Addr returns the proxy's "127.0.0.1:port".
+func (p *APIProxy) Addr() string { return p.l.Addr().String() }
+
+// Close stops the proxy and closes its connections.
+func (p *APIProxy) Close() { _ = p.srv.Close() }
+
+// ThrottleWrites starts or ends answering 429 to every write but the
+// Lease's (status applies, finalizer releases, Events): a throttled holder
+// keeps its lease.
+func (p *APIProxy) ThrottleWrites(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.throttled = on
+}
+
+func (p *APIProxy) throttles(r *http.Request) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.throttled && r.Method != http.MethodGet && !strings.Contains(r.URL.Path, "/leases/")
+}
+
+// WriteKubeconfig writes a kubeconfig, with no credentials, that reaches
+// the API server at addr ("127.0.0.1:port", such as an APIProxy's or a
+// Proxy in front of it) in plain HTTP.
+func WriteKubeconfig(addr, path string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["proxy"] = &clientcmdapi.Cluster{Server: "http://" + addr}
+	cfg.AuthInfos["proxy"] = &clientcmdapi.AuthInfo{}
+	cfg.Contexts["proxy"] = &clientcmdapi.Context{Cluster: "proxy", AuthInfo: "proxy"}
+	cfg.CurrentContext = "proxy"
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o600)
+}
