@@ -101,6 +101,10 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if err != nil {
 		return err
 	}
+	if opts.LeaderElect {
+		// The Lease's holderIdentity: which replica leads.
+		log.Info("Electing a leader", "lease", opts.LeaderElectionID, "identity", identity)
+	}
 	var p probes
 	stopProbes, err := p.serve(ctx, opts.ProbeAddr)
 	if err != nil {
