@@ -25,6 +25,7 @@ import (
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/internal/truth"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/framework"
 )
 
@@ -58,6 +59,10 @@ type at struct {
 	// relisted marks a write the pool watch learnt of from a relist, not
 	// when it happened: when it was seen tells nothing of its view.
 	relisted bool
+	// unstamped marks a truth in which a pod of the pool lacks tally's
+	// labels (admitted while the webhook was down): the aggregator counts
+	// it within one --backfill-interval, not within viewBound.
+	unstamped bool
 }
 
 // countsHistory records, as the API server ordered them, each pool's true
@@ -232,7 +237,7 @@ func (h *countsHistory) relisted(lastRV string, listRV int64, pods map[types.UID
 	list := podList(pods)
 	now := time.Now()
 	for uid := range h.names {
-		h.truths[uid] = append(h.truths[uid], at{rv: listRV, seen: now, counts: countedOf(truth.Counts(list, ns, uid))})
+		h.truths[uid] = append(h.truths[uid], truthOf(listRV, now, list, ns, uid))
 	}
 }
 
@@ -247,7 +252,18 @@ func (h *countsHistory) podChanged(rev int64, pods map[types.UID]*corev1.Pod, ns
 	if _, ok := h.names[owner.UID]; !ok {
 		return
 	}
-	h.truths[owner.UID] = append(h.truths[owner.UID], at{rv: rev, seen: time.Now(), counts: countedOf(truth.Counts(podList(pods), ns, owner.UID))})
+	h.truths[owner.UID] = append(h.truths[owner.UID], truthOf(rev, time.Now(), podList(pods), ns, owner.UID))
+}
+
+// truthOf is the truth of the pool with UID uid at revision rev.
+func truthOf(rev int64, seen time.Time, pods []corev1.Pod, ns string, uid types.UID) at {
+	tr := at{rv: rev, seen: seen, counts: countedOf(truth.Counts(pods, ns, uid))}
+	for _, p := range pods {
+		if ref := metav1.GetControllerOf(&p); ref != nil && ref.UID == uid && p.Labels[keys.ParentUID] == "" {
+			tr.unstamped = true
+		}
+	}
+	return tr
 }
 
 // written records a pool's counts and totals as its status shows them,
@@ -302,8 +318,8 @@ func podList(pods map[types.UID]*corev1.Pod) []corev1.Pod {
 }
 
 // check returns every counts write that no truth of its window matches,
-// how many writes it checked and left unchecked (a window holding a gap, a
-// write learnt of from a relist),
+// how many writes it checked and left unchecked (a window holding a gap or
+// an unstamped pod, a write learnt of from a relist),
 // and the longest a written value had no longer been the truth when the
 // write was seen.
 func (h *countsHistory) check() (violations []string, checked, unchecked int, lag time.Duration) {
@@ -321,7 +337,7 @@ func (h *countsHistory) check() (violations []string, checked, unchecked int, la
 				unchecked++
 				continue
 			}
-			if h.gapIn(truths[first].rv, w.rv) {
+			if h.gapIn(truths[first].rv, w.rv) || slices.ContainsFunc(truths[first:end], func(tr at) bool { return tr.unstamped }) {
 				unchecked++
 				continue
 			}
@@ -369,6 +385,7 @@ func TestCheckCountsHistory(t *testing.T) {
 	tests := []struct {
 		name       string
 		write      at
+		truths     []at
 		gaps       [][2]int64
 		violations int
 		checked    int
@@ -382,11 +399,16 @@ func TestCheckCountsHistory(t *testing.T) {
 			checked: 1, violations: 1},
 		{name: "not before its revision", write: at{rv: 25, seen: t0.Add(11 * time.Second), counts: counted{0, 2, 1, 0}}, checked: 1, violations: 1},
 		{name: "a gap in the window: not checked", write: at{rv: 31, seen: t0.Add(2 * time.Second), counts: counted{}}, gaps: [][2]int64{{12, 18}}},
+		{name: "an unstamped pod in the window: not checked", write: at{rv: 31, seen: t0.Add(11 * time.Second), counts: counted{}},
+			truths: []at{truths[0], truths[1], {rv: 30, seen: t0.Add(10 * time.Second), counts: counted{0, 2, 1, 0}, unstamped: true}}},
 		{name: "learnt of from a relist: not checked", write: at{rv: 31, seen: t0.Add(60 * time.Second), counts: counted{1, 2, 0, 0}, relisted: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := &countsHistory{truths: map[types.UID][]at{"p": truths}, writes: map[types.UID][]at{"p": {tt.write}},
+			if tt.truths == nil {
+				tt.truths = truths
+			}
+			h := &countsHistory{truths: map[types.UID][]at{"p": tt.truths}, writes: map[types.UID][]at{"p": {tt.write}},
 				names: map[types.UID]string{"p": "pool"}, gaps: tt.gaps}
 			violations, checked, _, _ := h.check()
 			assert.Len(t, violations, tt.violations, "%v", violations)

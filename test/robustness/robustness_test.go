@@ -1,32 +1,49 @@
-// Package robustness runs two aggregator replicas (leader election, a kind
-// with totals) under a seeded random schedule of faults over a seeded
+// Package robustness runs two aggregator processes (leader election, a
+// kind with totals) under a seeded random schedule of faults over a seeded
 // churn of pods, on a real API server, and checks the specification's
 // invariants on what the API server recorded: every status the pools took
-// and every change to the pods, as watched, and the pods at the end. The faults: a replica cut off from
-// the API server, its pod watch broken (up to 16 s: past the bound after
-// which it starts a new manager), its pod lists and watches throttled
-// (429), the replica stopped and started again, every replica stopped for
-// a while (no leader while pods finish), a pool deleted and created again
-// under its name, kube-apiserver killed and started again. A failing seed prints its schedule; `make
-// robustness SEED=n` runs it again, `make robustness DURATION=2h` runs
-// seeds one after another for that long.
+// and every change to the pods, as watched, and the pods and Events at the
+// end. The faults:
+//   - a replica cut off from the API server;
+//   - its pod watch broken (up to 16 s: past the bound after which it
+//     starts a new manager), and the relists that follow slowed;
+//   - its pod lists and watches, or its writes, answered 429;
+//   - the leader killed (SIGKILL) or paused (SIGSTOP, up to 16 s: past its
+//     lease) and let go on;
+//   - a replica stopped (SIGTERM) and started again;
+//   - every replica killed for a while (the leader lost with its node, no
+//     standby: pods finish with none to record them);
+//   - a rollout: each replica in turn stopped and started with the other
+//     configuration and flags;
+//   - a pool deleted with its live pods and created again under its name;
+//   - kube-apiserver, or etcd, killed and started again.
+//
+// The replicas are built with the race detector when the test is, and a
+// data race, a panic or a replica that exits by itself fails the seed. A
+// failing seed prints its schedule; `make robustness SEED=n` runs it again,
+// `make robustness DURATION=2h` runs seeds one after another for that long.
 package robustness
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/url"
 	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,30 +52,41 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"tally.dev/tally/cmd/aggregator/app"
+	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/internal/controlplane"
+	"tally.dev/tally/internal/helm"
+	"tally.dev/tally/internal/process"
 	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/internal/truth"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/builder"
 	"tally.dev/tally/test/framework"
 )
 
 var (
-	env  *framework.Env
-	logs syncBuffer
+	env *framework.Env
+	// bin holds the aggregator binary the replicas run.
+	bin string
 )
 
 func TestMain(m *testing.M) {
-	ctrl.SetLogger(zap.New(zap.WriteTo(&logs)))
-	os.Exit(framework.Main(m, controlplane.Options{}, &env))
+	code := func() int {
+		var err error
+		if bin, err = os.MkdirTemp("", "tally-bin-"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(bin)
+		return framework.Main(m, controlplane.Options{}, &env, func(*framework.Env) error {
+			return framework.BuildRaceBinaries(bin, "aggregator", "webhook")
+		})
+	}()
+	os.Exit(code)
 }
 
 // leaseName names the replicas' Lease, in the run's namespace.
@@ -79,36 +107,57 @@ const (
 // one after another for $TALLY_ROBUSTNESS_DURATION (one seed when unset).
 func TestRobustness(t *testing.T) {
 	framework.Long(t)
-	cfg, err := config.Load(repo.Path("examples", "workerpool", "config.yaml"))
-	require.NoError(t, err)
+	configs := rolloutConfigs(t)
+	hook := startWebhook(t, configs[0])
 	if s := os.Getenv("TALLY_ROBUSTNESS_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err, "TALLY_ROBUSTNESS_SEED")
-		runSeed(t, cfg, seed)
+		runSeed(t, hook, configs, seed)
 		return
 	}
 	budget := time.Duration(0)
 	if d := os.Getenv("TALLY_ROBUSTNESS_DURATION"); d != "" {
+		var err error
 		budget, err = time.ParseDuration(d)
 		require.NoError(t, err, "TALLY_ROBUSTNESS_DURATION")
 	}
 	start := time.Now()
 	for n := 0; n == 0 || time.Since(start) < budget; n++ {
-		if !runSeed(t, cfg, rand.Uint64()) {
+		if !runSeed(t, hook, configs, rand.Uint64()) {
 			return
 		}
 	}
 }
 
+// rolloutConfigs returns the two configuration files a rollout goes from
+// one to the other: the example's, and a copy that changes what leaves
+// the counts as they are (verifyOwner, which the start-up and periodic
+// sweeps follow).
+func rolloutConfigs(t *testing.T) [2]string {
+	example := repo.Path("examples", "workerpool", "config.yaml")
+	data, err := os.ReadFile(example)
+	require.NoError(t, err)
+	changed := strings.Replace(string(data), "verifyOwner: false", "verifyOwner: true", 1)
+	require.NotEqual(t, string(data), changed, "the example's config no longer says verifyOwner: false")
+	other := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(other, []byte(changed), 0o644))
+	for _, path := range []string{example, other} {
+		_, err := config.Load(path)
+		require.NoError(t, err)
+	}
+	return [2]string{example, other}
+}
+
 // runSeed runs one seed as a subtest and reports whether it passed.
-func runSeed(t *testing.T, cfg *config.Config, seed uint64) bool {
+func runSeed(t *testing.T, hook *webhook, configs [2]string, seed uint64) bool {
 	return t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) {
-		logs.Reset()
-		r := newRun(t, cfg, seed)
+		r := newRun(t, hook, configs, seed)
 		t.Cleanup(func() {
 			if t.Failed() {
-				t.Logf("seed %d failed; run it again with: make robustness SEED=%d\nschedule:\n%s\naggregator log (end):\n%s",
-					seed, seed, strings.Join(r.schedule(), "\n"), logs.Tail(60))
+				t.Logf("seed %d failed; run it again with: make robustness SEED=%d\nschedule:\n%s", seed, seed, strings.Join(r.schedule(), "\n"))
+				for _, rep := range r.replicas {
+					t.Logf("%s's log (end):\n%s", rep.name, tail(rep.logPath(), 60))
+				}
 			}
 		})
 		r.churnAndFaults(t)
@@ -120,13 +169,13 @@ func runSeed(t *testing.T, cfg *config.Config, seed uint64) bool {
 type run struct {
 	seed     uint64
 	ns       string
+	hook     *webhook
 	uids     map[string]types.UID
 	replicas [2]*replica
 	counts   *countsHistory
 	// recreate asks the churn to delete a pool, with its live pods as the
 	// garbage collector would, and create it again under its name.
 	recreate chan string
-	lost     float64
 
 	mu    sync.Mutex
 	lines []string
@@ -139,13 +188,17 @@ type run struct {
 	// pool (by UID: a pool created again starts from none) must end with.
 	live map[string][]*corev1.Pod
 	want map[types.UID][2]int64
+	// untracked counts the pods that finished without the tracking
+	// finalizer (admitted while the webhook was down, and finished before
+	// the aggregator gave it to them): in no total.
+	untracked int
 }
 
-func newRun(t *testing.T, cfg *config.Config, seed uint64) *run {
+func newRun(t *testing.T, hook *webhook, configs [2]string, seed uint64) *run {
 	ctx := context.Background()
-	ns, err := env.Namespace(ctx, "robustness")
-	require.NoError(t, err)
-	r := &run{seed: seed, ns: ns, uids: map[string]types.UID{}, live: map[string][]*corev1.Pod{}, want: map[types.UID][2]int64{},
+	ns := env.WebhookNamespace(t, "robustness")
+	hook.register(t, ns)
+	r := &run{seed: seed, ns: ns, hook: hook, uids: map[string]types.UID{}, live: map[string][]*corev1.Pod{}, want: map[types.UID][2]int64{},
 		start: time.Now(), recreate: make(chan string, 1)}
 	for i := range pools {
 		pool := operator.Pool(ns, fmt.Sprintf("pool-%d", i), 0)
@@ -153,14 +206,14 @@ func newRun(t *testing.T, cfg *config.Config, seed uint64) *run {
 		r.uids[pool.GetName()] = pool.GetUID()
 	}
 	r.counts = watchCounts(t, ns, r.uids)
-	r.lost = counter(t, "tally_aggregator_tracking_lost_pods_total")
+	dir := t.TempDir()
 	for i := range r.replicas {
-		r.replicas[i] = newReplica(t, cfg, ns)
-		r.replicas[i].start()
+		r.replicas[i] = newReplica(t, fmt.Sprintf("aggregator-%d", i), dir, ns, configs)
+		r.replicas[i].start(t)
 	}
 	t.Cleanup(func() {
 		for _, rep := range r.replicas {
-			rep.stop()
+			rep.stop(t)
 		}
 	})
 	return r
@@ -222,10 +275,9 @@ func (r *run) churn(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 		switch op := rng.IntN(10); {
 		case op < 4 || len(live) == 0:
 			n++
-			pod := builder.Pod(r.ns, fmt.Sprintf("%s-%d", pool, n)).ControlledBy(operator.GVK, pool, r.uids[pool]).
-				Label(keys.ParentUID, string(r.uids[pool])).Label(keys.ParentName, pool).
-				Annotation(keys.Parent, operator.GVK.Kind+"."+operator.GVK.Group+"/"+pool).
-				Finalizer(keys.TrackingFinalizer).Build() // as the webhook stamps it
+			// The webhook stamps it and adds the tracking finalizer; while
+			// it is down, the pod is admitted as it is.
+			pod := builder.Pod(r.ns, fmt.Sprintf("%s-%d", pool, n)).ControlledBy(operator.GVK, pool, r.uids[pool]).Build()
 			if r.retry(t, "create "+pod.Name, func(ctx context.Context) error { return env.Client.Create(ctx, pod) },
 				func(ctx context.Context) (bool, error) { return r.exists(ctx, pod) }) {
 				r.live[pool] = append(live, pod)
@@ -241,9 +293,20 @@ func (r *run) churn(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 	}
 }
 
-// finish ends pod: its intent first when it has one, then the ending; the
-// pool's expected totals count it.
+// finish ends pod: its intent first when it has one, then the ending. The
+// pool's expected totals count it if it carried the tracking finalizer
+// when it finished: the webhook adds it at CREATE, the aggregator to the
+// live pods admitted without it (the webhook down), and a pod that
+// finished without it is never given it.
 func (r *run) finish(t *testing.T, pool string, pod *corev1.Pod, ending string, intent bool) {
+	tracked := slices.Contains(pod.Finalizers, keys.TrackingFinalizer)
+	if !tracked {
+		var finished bool
+		if finished, tracked = r.finishUntracked(t, pod, ending, intent); finished {
+			r.count(pod, intent, tracked)
+			return
+		}
+	}
 	if intent {
 		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"scale-down"}}}`, keys.CompletionIntent))
 		r.retry(t, "mark "+pod.Name, func(ctx context.Context) error { return env.Client.Patch(ctx, pod.DeepCopy(), patch) }, nil)
@@ -254,8 +317,18 @@ func (r *run) finish(t *testing.T, pool string, pod *corev1.Pod, ending string, 
 		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"status":{"phase":%q}}`, ending))
 		r.retry(t, ending+" "+pod.Name, func(ctx context.Context) error { return env.Client.Status().Patch(ctx, pod.DeepCopy(), patch) }, nil)
 	}
+	r.count(pod, intent, true)
+}
+
+// count records pod's finish in its pool's expected totals, if tracked.
+func (r *run) count(pod *corev1.Pod, intent, tracked bool) {
 	uid := metav1.GetControllerOf(pod).UID
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !tracked {
+		r.untracked++
+		return
+	}
 	w := r.want[uid]
 	if intent {
 		w[0]++
@@ -263,7 +336,72 @@ func (r *run) finish(t *testing.T, pool string, pod *corev1.Pod, ending string, 
 		w[1]++
 	}
 	r.want[uid] = w
-	r.mu.Unlock()
+}
+
+// finishUntracked finishes pod, admitted without the tracking finalizer,
+// as long as it is still without it: every write is conditioned on the
+// resourceVersion last read, so the test knows whether the pod carried the
+// finalizer when it finished. It reports whether it finished the pod, and
+// whether the pod carried the finalizer then; when the pod gained the
+// finalizer first, it returns (false, true) and finish goes on as for any
+// tracked pod.
+func (r *run) finishUntracked(t *testing.T, pod *corev1.Pod, ending string, intent bool) (finished, tracked bool) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		finished, tracked, err := r.finishFrom(ctx, pod, ending, intent)
+		cancel()
+		switch {
+		case err == nil:
+			return finished, tracked
+		case apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err):
+			t.Errorf("finishing %s refused: %v", pod.Name, err)
+			return true, false
+		}
+		// A conflict (the aggregator stamped the pod or gave it the
+		// finalizer in between), or no clear answer: read it again.
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Errorf("finishing %s: not taken by the API server within a minute", pod.Name)
+	return true, false
+}
+
+// finishFrom reads pod and finishes it from what it read, unless it
+// carries the tracking finalizer.
+func (r *run) finishFrom(ctx context.Context, pod *corev1.Pod, ending string, intent bool) (finished, tracked bool, err error) {
+	cur := &corev1.Pod{}
+	switch err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), cur); {
+	case apierrors.IsNotFound(err):
+		// This function's delete, conditioned on a pod without the
+		// finalizer, took effect but its answer was lost.
+		return true, false, nil
+	case err != nil:
+		return false, false, err
+	case cur.UID != pod.UID:
+		return false, false, fmt.Errorf("%s is another pod now", pod.Name)
+	}
+	tracked = slices.Contains(cur.Finalizers, keys.TrackingFinalizer)
+	if cur.DeletionTimestamp != nil || cur.Status.Phase == corev1.PodSucceeded || cur.Status.Phase == corev1.PodFailed {
+		// This function's ending took effect but its answer was lost.
+		return true, tracked, nil
+	}
+	if tracked {
+		return false, true, nil
+	}
+	if _, marked := cur.Annotations[keys.CompletionIntent]; intent && !marked {
+		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"annotations":{%q:"scale-down"}}}`,
+			cur.ResourceVersion, keys.CompletionIntent))
+		if err := env.Client.Patch(ctx, cur, patch); err != nil {
+			return false, false, err
+		}
+	}
+	if ending == "delete" {
+		err = env.Client.Delete(ctx, cur, client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion})
+	} else {
+		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q},"status":{"phase":%q}}`, cur.ResourceVersion, ending))
+		err = env.Client.Status().Patch(ctx, cur, patch)
+	}
+	return err == nil, false, err
 }
 
 // recreatePool deletes pool and its live pods, as the garbage collector
@@ -354,9 +492,9 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 		i := rng.IntN(len(r.replicas))
 		rep := r.replicas[i]
 		d := time.Duration(1+rng.IntN(8)) * time.Second
-		switch rng.IntN(12) {
+		switch rng.IntN(17) {
 		case 0, 1:
-			r.note("replica %d cut off from the API server for %s", i, d)
+			r.note("%s cut off from the API server for %s", rep.name, d)
 			r.disrupt()
 			rep.proxy.CutOff()
 			time.Sleep(d)
@@ -365,35 +503,61 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			// Up to 16 s: past staleViewAfter, the replica starts a new
 			// manager.
 			d *= 2
-			r.note("replica %d: pod watch broken for %s", i, d)
+			slow := time.Duration(rng.IntN(4)) * time.Second
+			r.note("%s: pod watch broken for %s, then its relists %s slow for 5s", rep.name, d, slow)
 			r.disrupt()
 			rep.faults.Set(true)
 			time.Sleep(d)
+			rep.faults.SlowRelists(slow)
 			rep.faults.Set(false)
+			time.Sleep(5 * time.Second)
+			rep.faults.SlowRelists(0)
 		case 4:
-			r.note("replica %d: pod lists and watches answered 429 for %s", i, d)
+			r.note("%s: pod lists and watches answered 429 for %s", rep.name, d)
 			rep.faults.Throttle(true)
 			time.Sleep(d)
 			rep.faults.Throttle(false)
-		case 5, 6:
-			r.note("replica %d stopped, started again %s later", i, d)
-			r.disrupt()
-			rep.stop()
+		case 5:
+			r.note("%s: writes (status applies, finalizer releases, Events) answered 429 for %s", rep.name, d)
+			rep.api.ThrottleWrites(true)
 			time.Sleep(d)
-			rep.start()
-		case 9, 10:
+			rep.api.ThrottleWrites(false)
+		case 6:
+			rep = r.leader(rep)
+			r.note("%s killed (SIGKILL), started again %s later", rep.name, d)
+			r.disrupt()
+			rep.kill(t)
+			time.Sleep(d)
+			rep.start(t)
+		case 7:
+			// Up to 16 s: past the lease, which a standby then takes; the
+			// paused replica must not write once it goes on.
+			d *= 2
+			rep = r.leader(rep)
+			r.note("%s paused (SIGSTOP) for %s", rep.name, d)
+			r.disrupt()
+			rep.signal(t, syscall.SIGSTOP)
+			time.Sleep(d)
+			rep.signal(t, syscall.SIGCONT)
+		case 8:
+			r.note("%s stopped (SIGTERM), started again %s later", rep.name, d)
+			r.disrupt()
+			rep.stop(t)
+			time.Sleep(d)
+			rep.start(t)
+		case 9:
 			// The leader lost with its node, and no standby running: pods
 			// finish with no replica to record them.
-			r.note("every replica stopped, started again %s later", d)
+			r.note("every replica killed (SIGKILL), started again %s later", d)
 			r.disrupt()
 			for _, rep := range r.replicas {
-				rep.stop()
+				rep.kill(t)
 			}
 			time.Sleep(d)
 			for _, rep := range r.replicas {
-				rep.start()
+				rep.start(t)
 			}
-		case 11:
+		case 10:
 			pool := fmt.Sprintf("pool-%d", rng.IntN(pools))
 			r.note("%s deleted with its live pods, and created again", pool)
 			select {
@@ -401,7 +565,7 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			case <-done:
 				return
 			}
-		case 7, 8:
+		case 11, 12:
 			down := time.Duration(rng.IntN(3)) * time.Second
 			r.note("kube-apiserver killed, started again %s later", down)
 			r.disrupt()
@@ -410,8 +574,52 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 				return
 			}
 			r.note("kube-apiserver answers again")
+		case 13:
+			down := time.Duration(rng.IntN(3)) * time.Second
+			r.note("etcd killed, started again %s later", down)
+			r.disrupt()
+			if err := env.RestartEtcd(down); err != nil {
+				t.Errorf("restarting etcd: %v", err)
+				return
+			}
+			r.note("etcd answers again")
+		case 14, 15:
+			// As a Deployment rolls out a new ConfigMap: one replica at a
+			// time, the next once the new one is ready.
+			r.note("rollout: each replica in turn stopped and started with the other configuration")
+			for _, rep := range r.replicas {
+				r.disrupt()
+				rep.stop(t)
+				rep.variant = 1 - rep.variant
+				rep.start(t)
+				if err := rep.waitReady(); err != nil {
+					r.note("rollout: %s not ready within a minute (%v); going on", rep.name, err)
+				}
+			}
+			r.note("rollout over")
+		case 16:
+			r.note("webhook down for %s (failurePolicy Ignore: pods admitted unstamped, without the finalizer)", d)
+			r.hook.stop(t)
+			time.Sleep(d)
+			r.hook.start(t)
 		}
 	}
+}
+
+// leader returns the replica that holds the lease, or rep when none does
+// (or the test cannot tell which).
+func (r *run) leader(rep *replica) *replica {
+	var lease coordinationv1.Lease
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: r.ns, Name: leaseName}, &lease); err != nil {
+		return rep
+	}
+	holder := ptr.Deref(lease.Spec.HolderIdentity, "")
+	for _, other := range r.replicas {
+		if holder != "" && other.identity() == holder {
+			return other
+		}
+	}
+	return rep
 }
 
 // check waits, within settleBound of the last fault, for every invariant to
@@ -435,8 +643,12 @@ func (r *run) check(t *testing.T) {
 		finished += int(w[0] + w[1])
 	}
 	lines := r.schedule()
-	t.Logf("%d pods finished; every invariant held %s after the faults ended; schedule:\n%s",
-		finished, settleBound-time.Until(deadline).Round(10*time.Millisecond), strings.Join(lines, "\n"))
+	r.mu.Lock()
+	untracked := r.untracked
+	r.mu.Unlock()
+	t.Logf("%d pods finished tracked, %d untracked (admitted while the webhook was down, finished before they were given the finalizer); "+
+		"every invariant held %s after the faults ended; schedule:\n%s",
+		finished, untracked, settleBound-time.Until(deadline).Round(10*time.Millisecond), strings.Join(lines, "\n"))
 	for uid, seen := range r.counts.totalsSeen() {
 		w := r.want[uid]
 		var last [2]int64
@@ -446,7 +658,14 @@ func (r *run) check(t *testing.T) {
 			last = s
 		}
 	}
-	assert.Equal(t, r.lost, counter(t, "tally_aggregator_tracking_lost_pods_total"), "pods released as lost: none may be, the grace outlasting the run")
+	var events corev1.EventList
+	require.NoError(t, env.Client.List(ctx, &events, client.InNamespace(r.ns)))
+	for _, e := range events.Items {
+		assert.NotEqual(t, "TrackingLost", e.Reason, "a pod released as lost (the grace outlasts the run, so none may be): %s", e.Message)
+	}
+	for _, rep := range r.replicas {
+		assert.Empty(t, rep.trouble(), "%s", rep.name)
+	}
 	var lease coordinationv1.Lease
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: leaseName}, &lease))
 	r.mu.Lock()
@@ -457,7 +676,7 @@ func (r *run) check(t *testing.T) {
 	t.Logf("the lease changed hands %d times over %d faults that could move it", transitions, disruptive)
 	violations, checked, unchecked, lag := r.counts.check()
 	assert.Empty(t, violations, "counts written from a view that was not whole and recent")
-	t.Logf("%d counts writes checked against the truth of the %s before each, %d not (a relist in their window); "+
+	t.Logf("%d counts writes checked against the truth of the %s before each, %d not (a relist or an unstamped pod in their window); "+
 		"the oldest value written had not been the truth for %s", checked, viewBound, unchecked, lag.Round(time.Millisecond))
 }
 
@@ -498,100 +717,271 @@ func (r *run) problems(ctx context.Context) []string {
 	return out
 }
 
-// replica is one aggregator, run in this process, reaching the API server
-// through its own proxy and fault injector.
+// replica is one aggregator process (built with the race detector when
+// this test is). It reaches the API server through a Proxy that can cut it
+// off, in front of an APIProxy whose WatchBreaker breaks and throttles its
+// pod lists and watches, and which can throttle its writes.
 type replica struct {
-	cfg    *config.Config
-	rest   *rest.Config
-	proxy  *framework.Proxy
-	faults *framework.WatchBreaker
-	leases string
+	name       string
+	dir        string
+	ns         string
+	configs    [2]string
+	kubeconfig string
+	proxy      *framework.Proxy
+	api        *framework.APIProxy
+	faults     *framework.WatchBreaker
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	mu   sync.Mutex
+	proc *process.Process
+	// probe is the process's /readyz address.
+	probe string
+	// variant is the configuration and flags the next start uses (a
+	// rollout goes from one to the other).
+	variant int
+	// exits are the exits the test did not cause.
+	exits []string
 }
 
-func newReplica(t *testing.T, cfg *config.Config, ns string) *replica {
-	host, err := url.Parse(env.Config.Host)
-	require.NoError(t, err)
-	p, err := framework.NewProxy(host.Host)
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
+func newReplica(t *testing.T, name, dir, ns string, configs [2]string) *replica {
 	rc := rest.CopyConfig(env.Config)
-	rc.Host = "https://" + p.Addr()
-	rc.ServerName = host.Hostname()
+	// As the aggregator's service account: the webhook is not called for
+	// its requests.
+	rc.Impersonate = rest.ImpersonationConfig{UserName: helm.AggregatorUser, Groups: []string{"system:masters", "system:authenticated"}}
 	f := &framework.WatchBreaker{}
 	f.Wrap(rc)
-	return &replica{cfg: cfg, rest: rc, proxy: p, faults: f, leases: ns}
+	api, err := framework.NewAPIProxy(rc)
+	require.NoError(t, err)
+	t.Cleanup(api.Close)
+	p, err := framework.NewProxy(api.Addr())
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	kubeconfig := filepath.Join(dir, name+".kubeconfig")
+	require.NoError(t, framework.WriteKubeconfig(p.Addr(), kubeconfig))
+	return &replica{name: name, dir: dir, ns: ns, configs: configs, kubeconfig: kubeconfig, proxy: p, api: api, faults: f}
 }
 
-// start runs the replica until stop.
-func (rep *replica) start() {
+// start starts the process, unless it runs.
+func (rep *replica) start(t *testing.T) {
 	rep.mu.Lock()
 	defer rep.mu.Unlock()
-	ctx, cancel := context.WithCancel(context.Background())
-	rep.cancel, rep.done = cancel, make(chan struct{})
-	done := rep.done
-	go func() {
-		defer close(done)
-		_ = app.Run(ctx, rep.cfg, rep.rest, app.Options{
-			MetricsAddr: "0", ProbeAddr: "0", MaxConcurrentReconciles: 2,
-			LeaderElect: true, LeaderElectionNamespace: rep.leases, LeaderElectionID: leaseName,
-			TrackingGrace: 10 * time.Minute,
-		})
-	}()
+	if rep.proc != nil {
+		return
+	}
+	port, err := process.FreePort()
+	if err != nil {
+		t.Errorf("starting %s: %v", rep.name, err)
+		return
+	}
+	rep.probe = fmt.Sprintf("127.0.0.1:%d", port)
+	args := []string{"--config", rep.configs[rep.variant], "--kubeconfig", rep.kubeconfig,
+		"--leader-elect", "--leader-election-namespace", rep.ns, "--leader-election-id", leaseName,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", rep.probe, "--tracking-grace", "10m"}
+	// Sweeps every few seconds: the pods admitted while the webhook was
+	// down are stamped, and given the finalizer, within the run.
+	if rep.variant == 0 {
+		args = append(args, "--max-concurrent-reconciles", "2", "--backfill-interval", "5s")
+	} else {
+		args = append(args, "--max-concurrent-reconciles", "4", "--kube-api-qps", "20", "--backfill-interval", "8s")
+	}
+	p, err := process.Start(rep.name, filepath.Join(bin, "aggregator"), rep.dir, args...)
+	if err != nil {
+		t.Errorf("starting %s: %v", rep.name, err)
+		return
+	}
+	rep.proc = p
 }
 
-// stop stops the replica and waits for it to return.
-func (rep *replica) stop() {
+// stop stops the process (SIGTERM, as a rollout or a drain does) and waits
+// for it to exit.
+func (rep *replica) stop(t *testing.T) { rep.end(t, syscall.SIGTERM) }
+
+// kill kills the process (SIGKILL: a crash, an OOM kill, a lost node).
+func (rep *replica) kill(t *testing.T) { rep.end(t, syscall.SIGKILL) }
+
+func (rep *replica) end(t *testing.T, sig syscall.Signal) {
 	rep.mu.Lock()
-	cancel, done := rep.cancel, rep.done
-	rep.cancel = nil
-	rep.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
+	defer rep.mu.Unlock()
+	if rep.proc == nil {
+		return
+	}
+	if rep.exited(); rep.proc == nil {
+		return
+	}
+	_ = rep.proc.Signal(syscall.SIGCONT)
+	if sig != syscall.SIGTERM {
+		_ = rep.proc.Signal(sig)
+	}
+	// Stop sends SIGTERM (once: a second one makes the process exit 1 at
+	// once, as controller-runtime's signal handler does) and reaps it.
+	if err := rep.proc.Stop(); err != nil {
+		t.Errorf("%s, sent %v: %v %v; its log (end):\n%s", rep.name, sig, err, scanLog(rep.logPath()), tail(rep.logPath(), 40))
+	}
+	rep.proc = nil
+}
+
+// signal sends sig to the process.
+func (rep *replica) signal(t *testing.T, sig syscall.Signal) {
+	rep.mu.Lock()
+	defer rep.mu.Unlock()
+	if rep.proc == nil {
+		return
+	}
+	if err := rep.proc.Signal(sig); err != nil {
+		t.Errorf("%s: %v: %v", rep.name, sig, err)
 	}
 }
 
-// counter reads the process's counter name, summed over its series.
-func counter(t *testing.T, name string) float64 {
-	families, err := ctrlmetrics.Registry.Gather()
-	require.NoError(t, err)
-	sum := 0.0
-	for _, f := range families {
-		if f.GetName() == name {
-			for _, m := range f.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
+// exited records an exit of the process's own. Called with rep.mu held.
+func (rep *replica) exited() {
+	if done, err := rep.proc.Exited(); done {
+		rep.exits = append(rep.exits, fmt.Sprintf("exited by itself: %v", err))
+		rep.proc = nil
+	}
+}
+
+// waitReady waits until the process is ready: its caches synced.
+func (rep *replica) waitReady() error {
+	rep.mu.Lock()
+	p, probe := rep.proc, rep.probe
+	rep.mu.Unlock()
+	if p == nil {
+		return errors.New("not running")
+	}
+	return p.WaitReady(context.Background(), "http://"+probe+"/readyz")
+}
+
+func (rep *replica) logPath() string { return filepath.Join(rep.dir, rep.name+".log") }
+
+// identityLine finds the identity each start of the process logs.
+var identityLine = regexp.MustCompile(`"identity":"([^"]+)"`)
+
+// identity returns the identity the process holds the lease as: the one
+// its latest start logged.
+func (rep *replica) identity() string {
+	log, err := os.ReadFile(rep.logPath())
+	if err != nil {
+		return ""
+	}
+	all := identityLine.FindAllSubmatch(log, -1)
+	if len(all) == 0 {
+		return ""
+	}
+	return string(all[len(all)-1][1])
+}
+
+// trouble returns what went wrong in the process, whatever the faults: an
+// exit of its own, a data race, a panic.
+func (rep *replica) trouble() []string {
+	rep.mu.Lock()
+	if rep.proc != nil {
+		rep.exited()
+	}
+	out := slices.Clone(rep.exits)
+	rep.mu.Unlock()
+	return append(out, scanLog(rep.logPath())...)
+}
+
+// scanLog returns what the log at path says went wrong: a data race, a
+// panic.
+func scanLog(path string) []string {
+	log, err := os.ReadFile(path)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
+		if n := bytes.Count(log, []byte(bad)); n > 0 {
+			out = append(out, fmt.Sprintf("%q %d times in its log", bad, n))
 		}
 	}
-	return sum
+	return out
 }
 
-// syncBuffer is the aggregators' log of the current seed.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) Reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Reset()
-}
-
-// Tail returns the last n lines.
-func (b *syncBuffer) Tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	lines := strings.Split(strings.TrimRight(b.buf.String(), "\n"), "\n")
+// tail returns the last n lines of the file at path.
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// webhook is tally's webhook process, registered with failurePolicy
+// Ignore for each seed's namespace: while it is down, pods are admitted
+// without tally's keys or the tracking finalizer, and the replicas' sweeps
+// stamp them.
+type webhook struct {
+	dir, config, kubeconfig, certDir string
+	ca                               []byte
+	port                             int
+
+	mu   sync.Mutex
+	proc *process.Process
+}
+
+func startWebhook(t *testing.T, config string) *webhook {
+	ca, err := devcert.NewCA("tally robustness CA", time.Hour)
+	require.NoError(t, err)
+	pair, err := ca.Issue([]string{"127.0.0.1"}, time.Hour)
+	require.NoError(t, err)
+	w := &webhook{dir: t.TempDir(), config: config, ca: ca.CertPEM}
+	w.certDir = filepath.Join(w.dir, "certs")
+	require.NoError(t, pair.WriteDir(w.certDir))
+	api, err := framework.NewAPIProxy(env.Config)
+	require.NoError(t, err)
+	t.Cleanup(api.Close)
+	w.kubeconfig = filepath.Join(w.dir, "webhook.kubeconfig")
+	require.NoError(t, framework.WriteKubeconfig(api.Addr(), w.kubeconfig))
+	w.port, err = process.FreePort()
+	require.NoError(t, err)
+	w.start(t)
+	t.Cleanup(func() { w.stop(t) })
+	return w
+}
+
+// register registers the webhook for ns's pods, as the chart does but with
+// failurePolicy Ignore, until the test ends.
+func (w *webhook) register(t *testing.T, ns string) {
+	cfg, err := config.Load(w.config)
+	require.NoError(t, err)
+	env.RegisterWebhook(t, cfg, admissionregistrationv1.WebhookClientConfig{
+		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", w.port, mutate.Path)), CABundle: w.ca,
+	}, ns, admissionregistrationv1.Ignore)
+	// The API server picks the registration up asynchronously; pods
+	// admitted before are unstamped, as in an outage.
+	time.Sleep(time.Second)
+}
+
+// start starts the process and waits until it serves.
+func (w *webhook) start(t *testing.T) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	probe, err := process.FreePort()
+	require.NoError(t, err)
+	p, err := process.Start("webhook", filepath.Join(bin, "webhook"), w.dir,
+		"--config", w.config, "--kubeconfig", w.kubeconfig, "--cert-dir", w.certDir,
+		"--host", "127.0.0.1", "--port", strconv.Itoa(w.port), "--shutdown-delay", "0s",
+		"--metrics-bind-address", "0", "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probe))
+	if err != nil {
+		t.Errorf("starting the webhook: %v", err)
+		return
+	}
+	w.proc = p
+	if err := p.WaitReady(context.Background(), fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)); err != nil {
+		t.Errorf("the webhook never became ready: %v; its log (end):\n%s", err, tail(p.LogPath(), 40))
+	}
+}
+
+// stop stops the process (SIGTERM).
+func (w *webhook) stop(t *testing.T) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.proc == nil {
+		return
+	}
+	if err := w.proc.Stop(); err != nil {
+		t.Errorf("the webhook: %v; its log (end):\n%s", err, tail(w.proc.LogPath(), 40))
+	}
+	w.proc = nil
 }
