@@ -4,6 +4,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -17,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
+
+	"tally.dev/tally/pkg/podexpr"
 )
 
 // Count names one of the counts the aggregator computes for a parent.
@@ -101,7 +104,25 @@ type Parent struct {
 	// Ledger is the dotted status path of the pods recorded as finished but
 	// not yet added to the totals. Required when a total is mapped.
 	Ledger string `json:"ledger,omitempty"`
+	// CustomCounts are the counts the user defines, at most
+	// MaxCustomCounts.
+	CustomCounts []CustomCount `json:"customCounts,omitempty"`
 }
+
+// CustomCount is a count the user defines: the pods of the parent (the
+// same pods as the built-in counts) for which Expression is true.
+type CustomCount struct {
+	// Name names the count, unique within its kind.
+	Name string `json:"name"`
+	// Path is the dotted status path it is written to.
+	Path string `json:"path"`
+	// Expression is a boolean CEL expression over the pod (package
+	// podexpr), checked by Parse.
+	Expression string `json:"expression"`
+}
+
+// MaxCustomCounts is how many custom counts one kind may define.
+const MaxCustomCounts = 32
 
 // Tracked reports whether the kind keeps cumulative totals: its pods carry
 // the keys.TrackingFinalizer until the aggregator has recorded them.
@@ -130,21 +151,45 @@ func (p Parent) GroupKind() schema.GroupKind {
 
 // Field is one mapped status field: a count and the path it is written to.
 type Field struct {
+	// Count is the count's name: a custom count's own for a custom count.
 	Count Count
 	// Path is the field path split on dots, starting with "status".
 	Path []string
+	// Custom marks a custom count, Index its place in CustomCounts.
+	Custom bool
+	Index  int
 }
 
 // Fields returns the parent's mapped fields in the fixed order of Counts,
-// then Totals.
+// then the custom counts in their order, then Totals.
 func (p Parent) Fields() []Field {
-	fields := make([]Field, 0, len(p.Counts))
-	for _, c := range slices.Concat(Counts, Totals) {
-		if path, ok := p.Counts[c]; ok {
-			fields = append(fields, Field{Count: c, Path: strings.Split(path, ".")})
+	fields := make([]Field, 0, len(p.Counts)+len(p.CustomCounts))
+	add := func(counts []Count) {
+		for _, c := range counts {
+			if path, ok := p.Counts[c]; ok {
+				fields = append(fields, Field{Count: c, Path: strings.Split(path, ".")})
+			}
 		}
 	}
+	add(Counts)
+	for i, c := range p.CustomCounts {
+		fields = append(fields, Field{Count: Count(c.Name), Path: strings.Split(c.Path, "."), Custom: true, Index: i})
+	}
+	add(Totals)
 	return fields
+}
+
+// Programs compiles the kind's custom counts, in their order.
+func (p Parent) Programs() ([]*podexpr.Program, error) {
+	out := make([]*podexpr.Program, len(p.CustomCounts))
+	for i, c := range p.CustomCounts {
+		prg, err := podexpr.Compile(c.Expression, c.Name)
+		if err != nil {
+			return nil, fmt.Errorf("%s custom count %q: expression %w", p.GroupKind(), c.Name, err)
+		}
+		out[i] = prg
+	}
+	return out, nil
 }
 
 // Load reads and validates the configuration file at path.
@@ -186,7 +231,8 @@ func Parse(data []byte) (*Config, error) {
 
 var (
 	topKeys    = []string{"parents", "verifyOwner", "namespaceSelector"}
-	parentKeys = []string{"group", "version", "kind", "resource", "counts", "ledger"}
+	parentKeys = []string{"group", "version", "kind", "resource", "counts", "ledger", "customCounts"}
+	customKeys = []string{"name", "path", "expression"}
 )
 
 // checkKeys rejects keys the schema does not know, naming each by its path.
@@ -209,12 +255,22 @@ func checkKeys(data []byte) error {
 				errs = append(errs, fmt.Errorf("parents[%d].%s: unknown key", i, k))
 			}
 		}
+		custom, _ := fields["customCounts"].([]any)
+		for j, c := range custom {
+			fields, _ := c.(map[string]any)
+			for _, k := range slices.Sorted(maps.Keys(fields)) {
+				if !slices.Contains(customKeys, k) {
+					errs = append(errs, fmt.Errorf("parents[%d].customCounts[%d].%s: unknown key", i, j, k))
+				}
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
 
 var (
 	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	countName    = regexp.MustCompile(`^[a-z][A-Za-z0-9]*$`)
 	kindName     = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
 	fieldSegment = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
@@ -256,7 +312,11 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("%s: kind %s is already configured at parents[%d]", at, p.GroupKind(), j))
 		}
 		seen[p.GroupKind()] = i
-		errs = append(errs, validateCounts(at, p.Counts, p.Ledger)...)
+		counts := p.Counts
+		if len(counts) == 0 {
+			counts = DefaultCounts // as Parse will map them
+		}
+		errs = append(errs, validateCounts(at, p.GroupKind().String(), counts, p.Ledger, p.CustomCounts)...)
 		switch {
 		case p.Tracked() && p.Ledger == "":
 			errs = append(errs, fmt.Errorf("%s.ledger: required when completedTotal or unexpectedTotal is mapped (e.g. status.tallyLedger)", at))
@@ -285,29 +345,60 @@ func validGroup(g string) bool {
 	return len(g) <= 253
 }
 
-func validateCounts(at string, counts map[Count]string, ledger string) []error {
+func validateCounts(at, kind string, counts map[Count]string, ledger string, custom []CustomCount) []error {
 	var errs []error
 	paths := map[string]string{}
 	if ledger != "" {
 		paths[ledger] = "the ledger"
 	}
-	for _, name := range slices.Sorted(maps.Keys(counts)) {
-		path := counts[name]
-		key := fmt.Sprintf("%s.counts.%s", at, name)
-		if !slices.Contains(Counts, name) && !slices.Contains(Totals, name) {
-			errs = append(errs, fmt.Errorf("%s: unknown count %q, must be one of completing, completed, active, unexpected, completedTotal, unexpectedTotal", key, name))
-			continue
-		}
-		if err := validatePath(path, string(name)); err != nil {
+	// mapPath checks path, the field of the count named name at key, and
+	// that no other field overlaps it.
+	mapPath := func(key, name, path string) {
+		if err := validatePath(path, name); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", key, err))
-			continue
+			return
 		}
 		for _, other := range slices.Sorted(maps.Keys(paths)) {
 			if other == path || strings.HasPrefix(other, path+".") || strings.HasPrefix(path, other+".") {
 				errs = append(errs, fmt.Errorf("%s: field path %q overlaps %q, mapped by %s", key, path, other, paths[other]))
 			}
 		}
-		paths[path] = "count " + string(name)
+		paths[path] = "count " + name
+	}
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
+		key := fmt.Sprintf("%s.counts.%s", at, name)
+		if !slices.Contains(Counts, name) && !slices.Contains(Totals, name) {
+			errs = append(errs, fmt.Errorf("%s: unknown count %q, must be one of completing, completed, active, unexpected, completedTotal, unexpectedTotal "+
+				"(define a count of your own in customCounts)", key, name))
+			continue
+		}
+		mapPath(key, string(name), counts[name])
+	}
+	if len(custom) > MaxCustomCounts {
+		errs = append(errs, fmt.Errorf("%s.customCounts: %d custom counts, at most %d per kind", at, len(custom), MaxCustomCounts))
+	}
+	names := map[string]int{}
+	for i, c := range custom {
+		key := fmt.Sprintf("%s.customCounts[%d]", at, i)
+		switch j, dup := names[c.Name]; {
+		case c.Name == "":
+			errs = append(errs, fmt.Errorf("%s.name: required", key))
+		case !countName.MatchString(c.Name):
+			errs = append(errs, fmt.Errorf("%s.name: %q is not a count name: a lowercase letter, then letters and digits (e.g. ready)", key, c.Name))
+		case slices.Contains(Counts, Count(c.Name)) || slices.Contains(Totals, Count(c.Name)):
+			errs = append(errs, fmt.Errorf("%s.name: %q is a built-in count: map it in counts", key, c.Name))
+		case dup:
+			errs = append(errs, fmt.Errorf("%s.name: %q is already the name of customCounts[%d]", key, c.Name, j))
+		}
+		names[c.Name] = i
+		if c.Path == "" {
+			errs = append(errs, fmt.Errorf("%s.path: required (e.g. status.%s)", key, cmp.Or(c.Name, "ready")))
+		} else {
+			mapPath(key+".path", cmp.Or(c.Name, "ready"), c.Path)
+		}
+		if _, err := podexpr.Compile(c.Expression, key+".expression"); err != nil {
+			errs = append(errs, fmt.Errorf("%s.expression: the expression of %s's count %q %w", key, kind, c.Name, err))
+		}
 	}
 	return errs
 }

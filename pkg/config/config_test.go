@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -97,6 +98,47 @@ func TestParseInvalid(t *testing.T) {
 			doc:     "parents: [{version: v1, kind: A}]\nnamespaceSelector: {matchExpressions: [{key: team, operator: Near}]}\n",
 			wantErr: `namespaceSelector: "Near" is not a valid label selector operator`,
 		},
+		"unknown custom count key": {
+			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expr: 'true'}]}]\n",
+			wantErr: `parents[0].customCounts[0].expr: unknown key`,
+		},
+		"custom count without a name": {
+			doc:     "parents: [{version: v1, kind: A, customCounts: [{path: status.ready, expression: 'true'}]}]\n",
+			wantErr: `parents[0].customCounts[0].name: required`,
+		},
+		"custom count named as a built-in one": {
+			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: active, path: status.ready, expression: 'true'}]}]\n",
+			wantErr: `parents[0].customCounts[0].name: "active" is a built-in count: map it in counts`,
+		},
+		"custom count with a bad name": {
+			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: Ready-1, path: status.ready, expression: 'true'}]}]\n",
+			wantErr: `parents[0].customCounts[0].name: "Ready-1" is not a count name`,
+		},
+		"two custom counts of one name": {
+			doc: "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expression: 'true'}, " +
+				"{name: ready, path: status.up, expression: 'true'}]}]\n",
+			wantErr: `parents[0].customCounts[1].name: "ready" is already the name of customCounts[0]`,
+		},
+		"custom count without a path": {
+			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, expression: 'true'}]}]\n",
+			wantErr: `parents[0].customCounts[0].path: required (e.g. status.ready)`,
+		},
+		"custom count over the default completing": {
+			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.completing, expression: 'true'}]}]\n",
+			wantErr: `parents[0].customCounts[0].path: field path "status.completing" overlaps "status.completing", mapped by count completing`,
+		},
+		"custom count outside status": {
+			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: spec.ready, expression: 'true'}]}]\n",
+			wantErr: `parents[0].customCounts[0].path: field path "spec.ready" must be under status.`,
+		},
+		"custom count whose expression does not compile": {
+			doc:     "parents: [{group: example.tally.dev, version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expression: 'pod.stauts.phase == \"Running\"'}]}]\n",
+			wantErr: "parents[0].customCounts[0].expression: the expression of A.example.tally.dev's count \"ready\" does not compile:\nERROR: parents[0].customCounts[0].expression:1:4: undefined field 'stauts'",
+		},
+		"custom count that is not boolean": {
+			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expression: 'pod.status.phase'}]}]\n",
+			wantErr: `parents[0].customCounts[0].expression: the expression of A's count "ready" is of type string, not bool`,
+		},
 		"no parents": {
 			doc:     "verifyOwner: true\n",
 			wantErr: "parents: at least one parent kind is required",
@@ -184,10 +226,43 @@ func TestLoad(t *testing.T) {
 }
 
 func TestFieldsOrder(t *testing.T) {
-	p := Parent{Counts: map[Count]string{Unexpected: "status.u", Completing: "status.c.n", Active: "status.a"}}
+	p := Parent{Counts: map[Count]string{Unexpected: "status.u", Completing: "status.c.n", Active: "status.a", CompletedTotal: "status.t"},
+		CustomCounts: []CustomCount{{Name: "ready", Path: "status.r"}, {Name: "restarted", Path: "status.x.r"}}}
 	assert.Equal(t, []Field{
 		{Count: Completing, Path: []string{"status", "c", "n"}},
 		{Count: Active, Path: []string{"status", "a"}},
 		{Count: Unexpected, Path: []string{"status", "u"}},
+		{Count: "ready", Path: []string{"status", "r"}, Custom: true, Index: 0},
+		{Count: "restarted", Path: []string{"status", "x", "r"}, Custom: true, Index: 1},
+		{Count: CompletedTotal, Path: []string{"status", "t"}},
 	}, p.Fields())
+}
+
+func TestParseCustomCounts(t *testing.T) {
+	cfg, err := Parse([]byte(`parents:
+  - group: example.tally.dev
+    version: v1
+    kind: WorkerPool
+    counts: {active: status.active}
+    customCounts:
+      - name: ready
+        path: status.ready
+        expression: 'pod.status.conditions.exists(c, c.type == "Ready" && c.status == "True")'
+      - name: restarted
+        path: status.restarted
+        expression: 'pod.status.containerStatuses.exists(s, s.restartCount > 0)'
+`))
+	require.NoError(t, err)
+	p := cfg.Parents[0]
+	assert.Equal(t, []string{"ready", "restarted"}, []string{p.CustomCounts[0].Name, p.CustomCounts[1].Name})
+	programs, err := p.Programs()
+	require.NoError(t, err)
+	assert.Len(t, programs, 2)
+
+	many := "parents: [{version: v1, kind: A, customCounts: ["
+	for i := range MaxCustomCounts + 1 {
+		many += fmt.Sprintf("{name: c%d, path: status.c%d, expression: 'true'},", i, i)
+	}
+	_, err = Parse([]byte(many + "]}]\n"))
+	require.ErrorContains(t, err, "parents[0].customCounts: 33 custom counts, at most 32 per kind")
 }
