@@ -10,6 +10,22 @@ import (
 type Counts struct {
 	Completing, Completed, Active, Unexpected int64
 	CompletedTotal, UnexpectedTotal           int64
+	// Custom are the kind's custom counts, in their order (TallyCustom);
+	// CustomPartial reports that they are not known: some pod of the
+	// parent could not be evaluated.
+	Custom        []int64
+	CustomPartial bool
+}
+
+// Value returns the value of field f, and whether it is known.
+func (c Counts) Value(f config.Field) (int64, bool) {
+	if !f.Custom {
+		return c.Get(f.Count), true
+	}
+	if c.CustomPartial || f.Index >= len(c.Custom) {
+		return 0, false
+	}
+	return c.Custom[f.Index], true
 }
 
 // Get returns the count named c.

@@ -17,7 +17,13 @@ import (
 
 const uid = types.UID("uid-p")
 
-var reducer = NewReducer([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}})
+var reducer = func() *Reducer {
+	r, err := NewReducer([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}})
+	if err != nil {
+		panic(err)
+	}
+	return r
+}()
 
 func member() *builder.PodBuilder {
 	return builder.Pod("ns", "p").ControlledBy(operator.GVK, "pool", uid).Label(keys.ParentUID, string(uid))

@@ -48,6 +48,15 @@ type Pod struct {
 	// webhook's rules give it (set by a client the webhook did not see);
 	// the backfill sweep corrects it.
 	Misstamped bool
+	// Unevaluated reports a pod read without its spec and status (by a
+	// backfill sweep): its kind's custom counts cannot tell whether it
+	// matches.
+	Unevaluated bool
+	// Matches has bit i set when custom count i of the pod's kind matches
+	// the pod: each expression is evaluated on the whole pod as it
+	// arrives, before the cache reduces it, so no field an expression
+	// reads is ever missing (and none is kept).
+	Matches uint32
 	// FinishedAt is, for a finished pod carrying keys.TrackingFinalizer,
 	// the time its own metadata shows for its finish (finishedAt), in Unix
 	// seconds; 0 otherwise, or when it shows none. It bounds how
@@ -88,15 +97,27 @@ type Reducer struct {
 	// rules are the webhook's, without owner verification: they tell
 	// whether a pod's tally metadata is what it should be.
 	rules *mutate.Mutator
+	// custom are the custom counts of the kinds that define some.
+	custom map[schema.GroupKind]*customCounts
 }
 
-// NewReducer returns a Reducer for the given parent kinds.
-func NewReducer(parents []config.Parent) *Reducer {
+// NewReducer returns a Reducer for the given parent kinds; an error when
+// a custom count's expression does not compile.
+func NewReducer(parents []config.Parent) (*Reducer, error) {
 	kinds := make(map[schema.GroupKind]schema.GroupKind, len(parents))
+	custom := map[schema.GroupKind]*customCounts{}
 	for _, p := range parents {
 		kinds[p.GroupKind()] = p.GroupKind()
+		if len(p.CustomCounts) == 0 {
+			continue
+		}
+		c, err := newCustomCounts(p)
+		if err != nil {
+			return nil, err
+		}
+		custom[p.GroupKind()] = c
 	}
-	return &Reducer{kinds: kinds, rules: mutate.NewMutator(parents, nil)}
+	return &Reducer{kinds: kinds, rules: mutate.NewMutator(parents, nil), custom: custom}, nil
 }
 
 // Transform is the pod informer's transform: it reduces a *corev1.Pod to a
@@ -138,6 +159,9 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 		if gv, err := schema.ParseGroupVersion(ref.APIVersion); err == nil {
 			out.Controller.Kind = r.kinds[schema.GroupKind{Group: gv.Group, Kind: ref.Kind}]
 		}
+	}
+	if c := r.custom[out.Controller.Kind]; c != nil {
+		out.Matches = c.match(pod)
 	}
 	var parent types.UID
 	if out.Misstamped, parent = r.misstamped(pod, out); out.Misstamped && parent != out.ParentUID {

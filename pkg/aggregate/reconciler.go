@@ -36,7 +36,9 @@ type Reconciler struct {
 	// counts are the mapped counts; totals the mapped totals.
 	counts, totals []config.Field
 	// ledger is the ledger's path; nil when the kind keeps no totals.
-	ledger   []string
+	ledger []string
+	// custom is how many custom counts the kind defines.
+	custom   int
 	releases *releases
 	// queue is the controller's work queue, once it started.
 	queue atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
@@ -108,7 +110,7 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 		deps.observed = newObserved()
 	}
 	return &Reconciler{
-		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(),
+		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(), custom: len(parent.CustomCounts),
 		releases: newReleases(), Deps: deps,
 		reconciledTotal: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
@@ -213,7 +215,12 @@ func (r *Reconciler) count(parent client.Object) ([]*Pod, Counts, error) {
 		return nil, Counts{}, err
 	}
 	pods := Members(parent.GetNamespace(), parent.GetUID(), all)
-	return pods, Tally(parent.GetNamespace(), parent.GetUID(), append(held, pods...)), nil
+	counted := append(held, pods...)
+	counts := Tally(parent.GetNamespace(), parent.GetUID(), counted)
+	if r.custom > 0 {
+		counts.Custom, counts.CustomPartial = TallyCustom(parent.GetNamespace(), parent.GetUID(), counted, r.custom)
+	}
+	return pods, counts, nil
 }
 
 // untracked returns the pods that carry the tracking finalizer although

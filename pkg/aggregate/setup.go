@@ -49,11 +49,11 @@ func PodSelector() labels.Selector {
 }
 
 // CacheOptions returns the manager cache options the aggregator needs: one
-// label-selected pod informer whose objects are reduced to *Pod.
-func CacheOptions(parents []config.Parent) cache.Options {
+// label-selected pod informer whose objects reducer reduces to *Pod.
+func CacheOptions(reducer *Reducer) cache.Options {
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Label: PodSelector(), Transform: NewReducer(parents).Transform},
+			&corev1.Pod{}: {Label: PodSelector(), Transform: reducer.Transform},
 		},
 	}
 }

@@ -39,7 +39,17 @@ func (r *Reconciler) writeCounts(ctx context.Context, parent *unstructured.Unstr
 	}
 	values := make(map[string]any, len(r.counts))
 	for _, f := range r.counts {
-		values[strings.Join(f.Path, ".")] = counts.Get(f.Count)
+		v, known := counts.Value(f)
+		if known {
+			values[strings.Join(f.Path, ".")] = v
+			continue
+		}
+		// A custom count not known yet (a pod read by a sweep, without
+		// its status): what the parent shows stays, still owned (an apply
+		// without it would remove it).
+		if shown, found, err := unstructured.NestedFieldNoCopy(parent.Object, f.Path...); found && err == nil {
+			values[strings.Join(f.Path, ".")] = shown
+		}
 	}
 	return r.apply(ctx, parent, values, FieldManager)
 }
@@ -79,8 +89,12 @@ func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstr
 // count.
 func (r *Reconciler) differs(parent *unstructured.Unstructured, counts Counts) bool {
 	for _, f := range r.counts {
+		want, known := counts.Value(f)
+		if !known {
+			continue
+		}
 		v, found, err := unstructured.NestedFieldNoCopy(parent.Object, f.Path...)
-		if err != nil || !found || !equalCount(v, counts.Get(f.Count)) {
+		if err != nil || !found || !equalCount(v, want) {
 			return true
 		}
 	}

@@ -144,9 +144,10 @@ func (s *sweep) read(ctx context.Context) (map[string]*Pod, bool, error) {
 		}
 		parent := types.UID(intern(string(d.Parent.UID)))
 		p := &Pod{
-			Meta:       Meta{Name: pod.Name, Namespace: intern(pod.Namespace), UID: pod.UID, DeletionTimestamp: pod.DeletionTimestamp},
-			ParentUID:  parent,
-			Controller: Controller{Kind: d.Parent.GroupKind, Name: intern(d.Parent.Name), UID: parent},
+			Meta:        Meta{Name: pod.Name, Namespace: intern(pod.Namespace), UID: pod.UID, DeletionTimestamp: pod.DeletionTimestamp},
+			ParentUID:   parent,
+			Controller:  Controller{Kind: d.Parent.GroupKind, Name: intern(d.Parent.Name), UID: parent},
+			Unevaluated: true,
 		}
 		_, p.Intent = pod.Annotations[keys.CompletionIntent]
 		found[pod.Namespace+"/"+pod.Name] = p

@@ -423,7 +423,8 @@ func TestFinishedAt(t *testing.T) {
 			pod:  corev1.Pod{ObjectMeta: metav1.ObjectMeta{ManagedFields: fields}, Status: corev1.PodStatus{Phase: corev1.PodFailed}},
 			want: 0},
 	}
-	r := NewReducer(nil)
+	r, err := NewReducer(nil)
+	require.NoError(t, err)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			assert.Equal(t, tt.want, r.Pod(&tt.pod).FinishedAt)

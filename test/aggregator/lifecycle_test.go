@@ -266,7 +266,8 @@ func TestRecreatedParentNeverGetsOldCounts(t *testing.T) {
 	ns := newNamespace(t)
 	old := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, old))
-	reducer := aggregate.NewReducer([]config.Parent{workerPools})
+	reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+	require.NoError(t, err)
 	var pods []*aggregate.Pod
 	for _, p := range mixedPods(operator.GVK, ns, "pool", old.GetUID(), 5) {
 		pods = append(pods, reducer.Pod(p))
@@ -277,7 +278,7 @@ func TestRecreatedParentNeverGetsOldCounts(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, replacement))
 
 	conflicts := counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev")
-	_, err := reconcilerWith(t, old, pods...).Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(old)})
+	_, err = reconcilerWith(t, old, pods...).Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(old)})
 	require.NoError(t, err)
 	got := &unstructured.Unstructured{}
 	got.SetGroupVersionKind(operator.GVK)
@@ -379,7 +380,8 @@ func TestNoWriteFromAViewThatWasStale(t *testing.T) {
 			ns := newNamespace(t)
 			pool := operator.Pool(ns, "pool", 0)
 			require.NoError(t, env.Client.Create(ctx, pool))
-			reducer := aggregate.NewReducer([]config.Parent{workerPools})
+			reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+			require.NoError(t, err)
 			indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
 			for _, p := range mixedPods(operator.GVK, ns, "pool", pool.GetUID(), 5) {
 				require.NoError(t, indexer.Add(reducer.Pod(p)))
@@ -438,7 +440,8 @@ func TestARereadReleasesOnce(t *testing.T) {
 	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(42), "status", "completing"))
 	require.NoError(t, env.Client.Status().Update(ctx, pool))
 
-	reducer := aggregate.NewReducer([]config.Parent{workerPools})
+	reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+	require.NoError(t, err)
 	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
 	for i := range 3 {
 		p := member(operator.GVK, ns, "pool", pool.GetUID(), fmt.Sprintf("p-%d", i)).Finalizer(keys.TrackingFinalizer).Build()
@@ -451,7 +454,7 @@ func TestARereadReleasesOnce(t *testing.T) {
 	})
 	released := counter(t, "tally_aggregator_tracking_finalizers_total", "orphaned", "WorkerPool.example.tally.dev")
 	conflicts := counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev")
-	_, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
+	_, err = r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
 	require.NoError(t, err)
 	require.Equal(t, conflicts+1, counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev"), "the cache was not behind")
 	assert.Equal(t, released+3, counter(t, "tally_aggregator_tracking_finalizers_total", "orphaned", "WorkerPool.example.tally.dev"))
@@ -479,7 +482,8 @@ func TestANotServedParentIsNotGone(t *testing.T) {
 	ns := newNamespace(t)
 	pool := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, pool))
-	reducer := aggregate.NewReducer([]config.Parent{workerPools})
+	reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+	require.NoError(t, err)
 	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
 	for _, p := range mixedPods(operator.GVK, ns, "pool", pool.GetUID(), 5) {
 		require.NoError(t, indexer.Add(reducer.Pod(p)))
@@ -505,7 +509,8 @@ func TestANotServedParentKeepsItsPods(t *testing.T) {
 	ns := newNamespace(t)
 	pool := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, pool))
-	reducer := aggregate.NewReducer([]config.Parent{workerPools})
+	reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+	require.NoError(t, err)
 	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
 	for i := range 3 {
 		p := member(operator.GVK, ns, "pool", pool.GetUID(), fmt.Sprintf("p-%d", i)).Finalizer(keys.TrackingFinalizer).Build()

@@ -79,6 +79,12 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if err := opts.validate(); err != nil {
 		return err
 	}
+	// Compiles the custom counts: a configuration whose expressions do
+	// not compile is refused before anything runs.
+	reducer, err := aggregate.NewReducer(cfg.Parents)
+	if err != nil {
+		return err
+	}
 	restCfg = rest.CopyConfig(restCfg)
 	watch := newWatchMonitor(log)
 	watch.wrap(restCfg)
@@ -114,7 +120,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	backoff := restartBackoff{min: 500 * time.Millisecond, max: 2 * time.Second}
 	for {
 		start := time.Now()
-		err := runManager(ctx, cfg, restCfg, opts, watch, identity, &p)
+		err := runManager(ctx, cfg, reducer, restCfg, opts, watch, identity, &p)
 		p.set(nil)
 		if ctx.Err() != nil {
 			log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
@@ -178,10 +184,10 @@ func (opts *Options) validate() error {
 }
 
 // runManager runs one manager until ctx is done or it stops.
-func runManager(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options, watch *watchMonitor, identity string, p *probes) error {
+func runManager(ctx context.Context, cfg *config.Config, reducer *aggregate.Reducer, restCfg *rest.Config, opts Options, watch *watchMonitor, identity string, p *probes) error {
 	log := ctrl.LoggerFrom(ctx)
 	mgrOpts := manager.Options{
-		Cache:    aggregate.CacheOptions(cfg.Parents),
+		Cache:    aggregate.CacheOptions(reducer),
 		NewCache: apiwait.NewCache,
 		Metrics:  command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
 		// The process serves the probes (probes), across managers.
