@@ -19,6 +19,7 @@ import (
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/podexpr"
 )
 
 // Report is what explain found for one parent.
@@ -68,6 +69,11 @@ type Field struct {
 	// Tally is the value the parent shows; nil if the field is absent.
 	Tally *int64 `json:"tally"`
 	Fresh int64  `json:"fresh"`
+	// Expression is a custom count's; Matching names the pods it matches,
+	// Failed the pods it fails on ("pod: error"), which it does not count.
+	Expression string   `json:"expression,omitempty"`
+	Matching   []string `json:"matching,omitempty"`
+	Failed     []string `json:"failed,omitempty"`
 }
 
 // Equal reports whether the parent shows the fresh count.
@@ -120,6 +126,7 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		}
 	}
 	fresh := map[config.Count]int64{}
+	custom := customFields(p)
 	for i := range pods {
 		pod := &pods[i]
 		if pod.Namespace != parent.GetNamespace() {
@@ -135,6 +142,9 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		}
 		class, reason := Classify(pod)
 		fresh[class]++
+		for _, c := range custom {
+			c.match(pod)
+		}
 		r.Pods = append(r.Pods, Pod{Name: pod.Name, Class: class, Reason: reason, Stamped: labelled,
 			Tracking: slices.Contains(pod.Finalizers, keys.TrackingFinalizer)})
 		if !labelled {
@@ -158,6 +168,12 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 			continue
 		}
 		field := Field{Count: f.Count, Path: strings.Join(f.Path, "."), Tally: shown, Fresh: fresh[f.Count]}
+		if f.Custom {
+			field = custom[f.Index].field
+			field.Tally, field.Fresh = shown, int64(len(field.Matching))
+			slices.Sort(field.Matching)
+			slices.Sort(field.Failed)
+		}
 		r.Equal = r.Equal && field.Equal()
 		r.Fields = append(r.Fields, field)
 	}
@@ -171,6 +187,40 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		r.Ledger.Completed, r.Ledger.Unexpected = len(book.Completed), len(book.Unexpected)
 	}
 	return r
+}
+
+// customField is a custom count being evaluated on the parent's pods.
+type customField struct {
+	field   Field
+	program *podexpr.Program
+}
+
+// customFields compiles p's custom counts; a count whose expression does
+// not compile (the configuration was not checked) fails on every pod.
+func customFields(p config.Parent) []*customField {
+	out := make([]*customField, len(p.CustomCounts))
+	for i, c := range p.CustomCounts {
+		out[i] = &customField{field: Field{Count: config.Count(c.Name), Path: c.Path, Expression: c.Expression}}
+		prg, err := podexpr.Compile(c.Expression, c.Name)
+		if err != nil {
+			out[i].field.Failed = []string{"(every pod): the expression " + err.Error()}
+			continue
+		}
+		out[i].program = prg
+	}
+	return out
+}
+
+func (c *customField) match(pod *corev1.Pod) {
+	if c.program == nil {
+		return
+	}
+	switch ok, err := c.program.Match(pod); {
+	case err != nil:
+		c.field.Failed = append(c.field.Failed, pod.Name+": "+err.Error())
+	case ok:
+		c.field.Matching = append(c.field.Matching, pod.Name)
+	}
 }
 
 func toInt64(v any) (int64, bool) {

@@ -114,6 +114,26 @@ func TestExplain(t *testing.T) {
 		assert.False(t, r.Equal, "an unreadable ledger stops the totals")
 		assert.Contains(t, r.Ledger.Error, "the ledger status.ledger is a string")
 	})
+	t.Run("custom counts, with the pods they match and fail on", func(t *testing.T) {
+		withCustom := parentKind
+		withCustom.CustomCounts = []config.CustomCount{
+			{Name: "ready", Path: "status.ready", Expression: `pod.status.conditions.exists(c, c.type == "Ready" && c.status == "True")`},
+		}
+		ready := func(p *corev1.Pod) {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		}
+		notReady := func(p *corev1.Pod) {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+		}
+		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1), "unexpected": int64(1), "ready": int64(1)}), withCustom,
+			[]corev1.Pod{pod("b", ready), pod("a", intent, notReady), pod("c", phase(corev1.PodFailed)), pod("e", ready), pod("forged", otherController, ready)})
+		custom := r.Fields[len(r.Fields)-1]
+		assert.Equal(t, config.Count("ready"), custom.Count)
+		assert.Equal(t, []string{"b", "e"}, custom.Matching, "the pods of S(P) only")
+		assert.Equal(t, []string{"c: no such key: conditions"}, custom.Failed)
+		assert.Equal(t, int64(2), custom.Fresh)
+		assert.False(t, r.Equal, "status.ready shows 1, two pods match")
+	})
 	t.Run("field absent", func(t *testing.T) {
 		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1)}), parentKind, pods)
 		assert.False(t, r.Equal)

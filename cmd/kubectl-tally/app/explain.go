@@ -194,6 +194,7 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", f.Path, tally, f.Fresh, mark)
 	}
 	w.Flush()
+	writeCustom(out, r.Fields)
 	if len(r.Totals) > 0 {
 		fmt.Fprintln(out)
 		w = printers.GetNewTabWriter(out)
@@ -276,6 +277,35 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 		fmt.Fprintln(out, "  tally never applied this status: run `kubectl tally doctor`.")
 	}
 }
+
+// writeCustom lists, for each custom count, the pods its expression
+// matches and those it fails on.
+func writeCustom(out io.Writer, fields []explain.Field) {
+	for _, f := range fields {
+		if f.Expression == "" {
+			continue
+		}
+		fmt.Fprintf(out, "\nCustom count %s (%s): %s\n", f.Count, f.Path, f.Expression)
+		if len(f.Matching) == 0 {
+			fmt.Fprintln(out, "  matches no pod")
+		} else {
+			fmt.Fprintf(out, "  matches %d pod(s): %s\n", len(f.Matching), strings.Join(f.Matching, ", "))
+		}
+		if len(f.Failed) > 0 {
+			fmt.Fprintf(out, "  fails on %d pod(s), which it does not count (guard a field a pod may lack with has()):\n", len(f.Failed))
+			for i, line := range f.Failed {
+				if i == maxFailedShown {
+					fmt.Fprintf(out, "    and %d more\n", len(f.Failed)-i)
+					break
+				}
+				fmt.Fprintf(out, "    %s\n", line)
+			}
+		}
+	}
+}
+
+// maxFailedShown is how many of a custom count's failures explain prints.
+const maxFailedShown = 5
 
 func yesNo(b bool) string {
 	if b {
