@@ -258,6 +258,35 @@ func TestRenderedConfigLoads(t *testing.T) {
 	}
 }
 
+// TestCustomCounts: custom counts render into the config file as the
+// values give them, expressions and their quotes intact; an expression
+// that does not compile passes the values schema (which cannot read CEL)
+// and is refused by the config check the aggregator runs at start-up,
+// before anything runs, naming its key, kind, count and position.
+func TestCustomCounts(t *testing.T) {
+	configOf := func(values string) string {
+		for _, u := range objects(t, render(t, values)) {
+			if u.GetKind() == "ConfigMap" {
+				data, _, _ := unstructured.NestedString(u.Object, "data", "config.yaml")
+				return data
+			}
+		}
+		t.Fatal("no ConfigMap")
+		return ""
+	}
+	cfg, err := config.Parse([]byte(configOf("custom-counts.yaml")))
+	require.NoError(t, err)
+	custom := cfg.Parents[0].CustomCounts
+	require.Len(t, custom, 2)
+	assert.Equal(t, `has(pod.status.conditions) && pod.status.conditions.exists(c, c.type == "Ready" && c.status == "True")`, custom[0].Expression)
+	assert.Equal(t, `pod.status.containerStatuses.exists(s, s.restartCount > 0) || pod.metadata.name.matches('^w-\\d+$')`, custom[1].Expression)
+
+	_, err = config.Parse([]byte(configOf("custom-counts-bad-expression.yaml")))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "parents[0].customCounts[0].expression: the expression of WorkerPool.example.tally.dev's count \"ready\" does not compile")
+	assert.Contains(t, err.Error(), "ERROR: parents[0].customCounts[0].expression:1:4: undefined field 'stauts'")
+}
+
 // TestCertManagerManifests: certs/cert-manager.yaml, for installs without
 // Helm, is the chart's own rendering of its certificates for the release
 // "tally" in tally-system; `make golden` regenerates it.

@@ -55,6 +55,14 @@ parents:
     {{- with .ledger }}
     ledger: {{ . }}
     {{- end }}
+    {{- with .customCounts }}
+    customCounts:
+      {{- range . }}
+      - name: {{ .name }}
+        path: {{ .path }}
+        expression: {{ .expression | toJson }}
+      {{- end }}
+    {{- end }}
 {{- end }}
 verifyOwner: {{ .Values.verifyOwner }}
 namespaceSelector:
