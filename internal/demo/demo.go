@@ -79,8 +79,11 @@ type Demo struct {
 	kubeletDone         chan struct{}
 	// totals reports that the configuration maps the pool's totals;
 	// finished is then the truth they are compared with.
-	totals    bool
-	finished  *Finished
+	totals   bool
+	finished *Finished
+	// custom are the pool's custom counts, evaluated by the demo on a
+	// fresh List as tally does on its cache.
+	custom    []customCount
 	stopWatch context.CancelFunc
 	// timeline records the run for its plot.
 	timeline *timeline

@@ -58,11 +58,15 @@ func (d *Demo) display(ctx context.Context, start time.Time) func() {
 // verdict.
 func (s Snapshot) line(elapsed time.Duration) string {
 	f := func(m map[config.Count]int64) string {
-		return fmt.Sprintf("active=%-3s completing=%-3s completed=%-3s unexpected=%-3s",
+		line := fmt.Sprintf("active=%-3s completing=%-3s completed=%-3s unexpected=%-3s",
 			shownValue(m[config.Active]), shownValue(m[config.Completing]), shownValue(m[config.Completed]), shownValue(m[config.Unexpected]))
+		for _, c := range s.Custom {
+			line += fmt.Sprintf(" %s=%-3s", c, shownValue(m[c]))
+		}
+		return line
 	}
 	line := fmt.Sprintf("%5.1fs desired=%-3d tally: %s %s list: %s",
-		elapsed.Seconds(), s.Desired, f(s.Tally), compared(s.Tally, s.Truth, config.Counts), f(s.Truth))
+		elapsed.Seconds(), s.Desired, f(s.Tally), compared(s.Tally, s.Truth, s.counts()), f(s.Truth))
 	if s.Totals != nil {
 		line += fmt.Sprintf(" | totals: completed=%-3s unexpected=%-3s %s finished: completed=%-3s unexpected=%-3s",
 			shownValue(s.Totals[config.CompletedTotal]), shownValue(s.Totals[config.UnexpectedTotal]),

@@ -41,6 +41,12 @@ func TestLine(t *testing.T) {
 		countsMark: "-",
 		contains:   []string{"tally: active=-   completing=-   completed=-   unexpected=- "},
 	}, {
+		name: "a custom count beside the others, differing",
+		s: Snapshot{Desired: 6, Custom: []config.Count{"ready"},
+			Tally: withCustom(counts(6, 0), "ready", 4), Truth: withCustom(counts(6, 0), "ready", 5)},
+		countsMark: "≠",
+		contains:   []string{"unexpected=0   ready=4   ≠ list:", "ready=5"},
+	}, {
 		name:       "totals not shown before the first pod finishes",
 		s:          Snapshot{Desired: 6, Tally: counts(6, 0), Truth: counts(6, 0), Totals: totals(-1, -1), Finished: totals(0, 0)},
 		countsMark: "=",
@@ -68,6 +74,11 @@ func TestLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+func withCustom(m map[config.Count]int64, c config.Count, v int64) map[config.Count]int64 {
+	m[c] = v
+	return m
 }
 
 // markBefore returns the word of line before word, or "" if line has no

@@ -44,7 +44,13 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 	}
 	d := &Demo{opts: opts, cfg: cfg, logDir: filepath.Join(opts.Dir, "logs"), rng: rand.New(rand.NewPCG(opts.Seed, 1)), kubeletRNG: rand.New(rand.NewPCG(opts.Seed, 2))}
 	for _, p := range cfg.Parents {
-		d.totals = d.totals || (p.GroupKind() == operator.GVK.GroupKind() && p.Tracked())
+		if p.GroupKind() != operator.GVK.GroupKind() {
+			continue
+		}
+		d.totals = p.Tracked()
+		if d.custom, err = customCounts(p); err != nil {
+			return nil, err
+		}
 	}
 	defer func() {
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -12,8 +13,10 @@ import (
 )
 
 // kubelet stands in for the node agent the control plane lacks: it starts
-// new pods after a short delay, and lets pods marked for completion finish
-// their work and exit (phase Succeeded) after a random delay. Like a
+// new pods after a short delay, reports them Ready (condition Ready True)
+// a moment later, as a readiness probe would, and lets pods marked for
+// completion finish their work and exit (phase Succeeded, no longer Ready)
+// after a random delay. Like a
 // kubelet it runs the pods of every namespace, so that other operators
 // (examples/kopf) can use the demo's control plane too.
 func (d *Demo) kubelet(ctx context.Context) {
@@ -44,6 +47,9 @@ func (d *Demo) kubelet(ctx context.Context) {
 				next, delay = corev1.PodRunning, time.Duration(100+d.kubeletRNG.IntN(500))*time.Millisecond
 			case p.Status.Phase == corev1.PodRunning && marked:
 				next, delay = corev1.PodSucceeded, time.Duration(500+d.kubeletRNG.IntN(2500))*time.Millisecond
+			case p.Status.Phase == corev1.PodRunning && !ready(p):
+				// Running, not Ready yet: the same phase, now Ready.
+				next, delay = corev1.PodRunning, time.Duration(300+d.kubeletRNG.IntN(1000))*time.Millisecond
 			default:
 				continue
 			}
@@ -63,8 +69,27 @@ func (d *Demo) kubelet(ctx context.Context) {
 	}
 }
 
+// setPhase moves pod to phase, with the Ready condition a kubelet reports
+// with it: True once Running again (the second step of a pod that
+// started), False once it ran.
 func setPhase(ctx context.Context, c client.Client, pod *corev1.Pod, phase corev1.PodPhase) error {
 	patch := client.MergeFrom(pod.DeepCopy())
+	switch {
+	case phase == corev1.PodRunning && pod.Status.Phase == corev1.PodRunning:
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+	case phase == corev1.PodSucceeded || phase == corev1.PodFailed:
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.Now()}}
+	}
 	pod.Status.Phase = phase
 	return c.Status().Patch(ctx, pod, patch)
+}
+
+// ready reports whether pod's Ready condition is True.
+func ready(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

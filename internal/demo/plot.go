@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"gonum.org/v1/plot"
@@ -30,6 +31,22 @@ var countColors = map[config.Count]color.Color{
 	config.Unexpected:      color.RGBA{R: 214, G: 39, B: 40, A: 255},
 	config.CompletedTotal:  color.RGBA{R: 44, G: 160, B: 44, A: 255},
 	config.UnexpectedTotal: color.RGBA{R: 214, G: 39, B: 40, A: 255},
+}
+
+// customColors are the colors of the custom counts, in their order.
+var customColors = []color.Color{
+	color.RGBA{R: 148, G: 103, B: 189, A: 255},
+	color.RGBA{R: 140, G: 86, B: 75, A: 255},
+	color.RGBA{R: 23, G: 190, B: 207, A: 255},
+}
+
+// colorOf returns the color of count c among the counts of s.
+func colorOf(s Snapshot, c config.Count) color.Color {
+	if col, ok := countColors[c]; ok {
+		return col
+	}
+	i := max(0, slices.Index(s.Custom, c))
+	return customColors[i%len(customColors)]
 }
 
 var dashed = []vg.Length{vg.Points(5), vg.Points(3)}
@@ -132,7 +149,7 @@ func (d *Demo) countsPlot(samples []sample, events []event) (*plot.Plot, error) 
 	for _, s := range samples {
 		desired = append(desired, plotter.XY{X: s.at.Seconds(), Y: float64(s.Desired)})
 		top = max(top, float64(s.Desired))
-		for _, c := range config.Counts {
+		for _, c := range s.counts() {
 			top = max(top, float64(s.Tally[c]), float64(s.Truth[c]))
 		}
 	}
@@ -146,7 +163,7 @@ func (d *Demo) countsPlot(samples []sample, events []event) (*plot.Plot, error) 
 	p.Add(line)
 	p.Legend.Add("desired replicas", line)
 
-	for _, c := range config.Counts {
+	for _, c := range samples[len(samples)-1].counts() {
 		for _, fromList := range []bool{false, true} {
 			l, err := countLine(samples, c, fromList)
 			if err != nil {
@@ -238,7 +255,7 @@ func countLine(samples []sample, c config.Count, fromList bool) (*plotter.Line, 
 		return nil, err
 	}
 	l.StepStyle = plotter.PostStep
-	l.Color = countColors[c]
+	l.Color = colorOf(samples[len(samples)-1].Snapshot, c)
 	l.Width = vg.Points(1.5)
 	if fromList {
 		l.Dashes = dashed

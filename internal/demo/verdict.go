@@ -36,6 +36,9 @@ type Snapshot struct {
 	// Totals are the totals tally shows, Finished the pods the demo saw
 	// finish; both nil when the configuration maps no totals.
 	Totals, Finished map[config.Count]int64
+	// Custom names the pool's custom counts, whose values Tally and Truth
+	// hold beside the others.
+	Custom []config.Count
 	// Settled reports that no pod is starting or completing and the pool
 	// runs as many pods as it wants.
 	Settled bool
@@ -43,7 +46,7 @@ type Snapshot struct {
 
 // Match reports whether tally's values equal the truth.
 func (s Snapshot) Match() bool {
-	for _, c := range config.Counts {
+	for _, c := range s.counts() {
 		if s.Tally[c] != s.Truth[c] {
 			return false
 		}
@@ -77,6 +80,11 @@ func (d *Demo) Snapshot(ctx context.Context) (Snapshot, error) {
 	}
 	for _, c := range config.Counts {
 		s.Tally[c] = shown(c)
+	}
+	for _, c := range d.custom {
+		s.Custom = append(s.Custom, c.name)
+		s.Tally[c.name] = shown(c.name)
+		s.Truth[c.name] = c.count(pods.Items, pool.GetUID())
 	}
 	if d.totals {
 		s.Totals, s.Finished = map[config.Count]int64{}, d.finished.Totals()
@@ -157,8 +165,12 @@ func (d *Demo) Verdict(ctx context.Context) error {
 		late += fmt.Sprintf(" (of %d more, %d found an intent admitted before the pod finished, %d the pod gone)",
 			d.late.marked+d.late.gone, d.late.marked, d.late.gone)
 	}
-	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d)%s%s%s. Logs: %s\n",
-		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], totals, late, sent, d.logDir)
+	custom := ""
+	for _, c := range s.Custom {
+		custom += fmt.Sprintf(" %s=%d", c, s.Tally[c])
+	}
+	fmt.Fprintf(d.opts.Out, "verdict: PASS: tally's counts equal a fresh List (active=%d completing=%d completed=%d unexpected=%d%s)%s%s%s. Logs: %s\n",
+		s.Tally[config.Active], s.Tally[config.Completing], s.Tally[config.Completed], s.Tally[config.Unexpected], custom, totals, late, sent, d.logDir)
 	return nil
 }
 
