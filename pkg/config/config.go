@@ -205,18 +205,25 @@ func Load(path string) (*Config, error) {
 	return cfg, nil
 }
 
+// InvalidError is Parse's error: the document is not a valid
+// configuration (as opposed to one that could not be read).
+type InvalidError struct{ Err error }
+
+func (e *InvalidError) Error() string { return e.Err.Error() }
+func (e *InvalidError) Unwrap() error { return e.Err }
+
 // Parse decodes a configuration document, rejecting unknown keys, validates
-// it and applies defaults.
+// it and applies defaults. Its error is an *InvalidError.
 func Parse(data []byte) (*Config, error) {
 	if err := checkKeys(data); err != nil {
-		return nil, err
+		return nil, &InvalidError{err}
 	}
 	var cfg Config
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return nil, fmt.Errorf("decoding: %w", err)
+		return nil, &InvalidError{fmt.Errorf("decoding: %w", err)}
 	}
 	if err := cfg.validate(); err != nil {
-		return nil, err
+		return nil, &InvalidError{err}
 	}
 	if cfg.NamespaceSelector == nil {
 		cfg.NamespaceSelector = DefaultNamespaceSelector()

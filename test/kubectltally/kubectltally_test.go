@@ -231,6 +231,25 @@ func TestExplainAndDoctor(t *testing.T) {
 		}
 	})
 
+	t.Run("doctor --config: a custom count that does not compile", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "config.yaml")
+		require.NoError(t, os.WriteFile(file, []byte(`parents:
+  - group: example.tally.dev
+    version: v1
+    kind: WorkerPool
+    customCounts:
+      - name: ready
+        path: status.ready
+        expression: 'pod.status.conditions.exists(c, c.type == "Ready") && pod.stauts.phase == "Running"'
+`), 0o600))
+		code, out := in.run("--tally-namespace", ns, "doctor", "--config", file)
+		assert.Equal(t, app.ExitProblem, code, out)
+		assert.Contains(t, out, "FAIL  config: ")
+		assert.Contains(t, out, `parents[0].customCounts[0].expression: the expression of WorkerPool.example.tally.dev's count "ready" does not compile`)
+		assert.Contains(t, out, "ERROR: parents[0].customCounts[0].expression:1:58: undefined field 'stauts'")
+		assert.Contains(t, out, "fix the configuration")
+	})
+
 	// Each case breaks one thing, expects exactly that check to fail, and
 	// repairs it.
 	breaks := []struct {

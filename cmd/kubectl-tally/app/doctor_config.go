@@ -2,7 +2,10 @@ package app
 
 import (
 	"context"
+	"errors"
 	"strings"
+
+	"tally.dev/tally/pkg/config"
 )
 
 // configCheck reads tally's configuration (the chart's ConfigMap, or --config),
@@ -13,7 +16,11 @@ func (configCheck) name() string { return "config" }
 
 func (c configCheck) run(ctx context.Context, d *doctor) Check {
 	cfg, err := d.config(ctx, d.cs)
-	if err != nil {
+	var invalid *config.InvalidError
+	switch {
+	case errors.As(err, &invalid):
+		return fail(c.name(), "fix the configuration (the aggregator refuses it at start-up, and the webhook too): see docs/configuration.md", "%v", err)
+	case err != nil:
 		return fail(c.name(), "install the chart, or name its release with --release and --tally-namespace", "%v", err)
 	}
 	var kinds []string
