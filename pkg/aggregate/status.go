@@ -154,7 +154,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		kindProblems.DeleteLabelValues(r.kind, schemaProblem(manager))
 		kindProblems.DeleteLabelValues(r.kind, "status-not-found")
 		if log := log.FromContext(ctx).V(1); log.Enabled() {
-			log.Info("Applied status", "manager", manager, "values", values)
+			log.Info("Applied status", "manager", manager, "values", values, "resourceVersion", obj.GetResourceVersion())
 		}
 		return reconcile.Result{}, nil
 	case apierrors.IsConflict(err):
@@ -165,6 +165,13 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		r.conflicts.Inc()
 		passOf(ctx).lag()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	case apierrors.IsTooManyRequests(err):
+		// Throttled (API Priority and Fairness): counted again once the
+		// delay the API server asks for has passed, not sent again with
+		// the counts of now (the aggregator's client sends an apply once).
+		r.failed.Inc()
+		delay, _ := apierrors.SuggestsClientDelay(err)
+		return reconcile.Result{RequeueAfter: max(time.Duration(delay)*time.Second, conflictRequeue)}, nil
 	case apierrors.IsNotFound(err):
 		return reconcile.Result{}, r.notFound(ctx, parent, err)
 	case strings.Contains(err.Error(), "field not declared in schema"):

@@ -86,6 +86,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		return err
 	}
 	restCfg = rest.CopyConfig(restCfg)
+	sendAppliesOnce(restCfg)
 	watch := newWatchMonitor(log)
 	watch.wrap(restCfg)
 	podWatchStale.Lock()

@@ -1,0 +1,34 @@
+package app
+
+import (
+	"net/http"
+	"strings"
+
+	"k8s.io/client-go/rest"
+)
+
+// sendAppliesOnce keeps client-go from sending a status apply again by
+// itself. Answered 429 (or a 5xx) with Retry-After, client-go waits that
+// long and resends the same body, up to ten times: the counts it carries are
+// then as old as those waits (seconds under API Priority and Fairness),
+// and land over newer ones no precondition sees (the parent did not
+// change). Without the header, the apply fails at once and the reconcile
+// counts again: Reconciler.apply waits the delay the API server's answer
+// gives before the next try.
+func sendAppliesOnce(cfg *rest.Config) {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+			resp, err := rt.RoundTrip(req)
+			if err == nil && statusApply(req) && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
+				resp.Header.Del("Retry-After")
+			}
+			return resp, err
+		})
+	})
+}
+
+// statusApply reports whether req is a server-side apply of a status.
+func statusApply(req *http.Request) bool {
+	return req.Method == http.MethodPatch && strings.HasSuffix(req.URL.Path, "/status") &&
+		strings.HasPrefix(req.Header.Get("Content-Type"), "application/apply-patch")
+}

@@ -1,0 +1,64 @@
+package app
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+)
+
+// TestStatusAppliesAreSentOnce: an API server that answers status applies
+// 429 with Retry-After gets each apply once, and the client sees the 429
+// at once (client-go would resend the same, ageing counts for ten
+// seconds); other requests keep client-go's retries.
+func TestStatusAppliesAreSentOnce(t *testing.T) {
+	var applies, updates atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPatch && r.URL.Path == "/apis/example.tally.dev/v1/namespaces/ns/workerpools/pool/status" {
+			applies.Add(1)
+		} else {
+			updates.Add(1)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429,"details":{"retryAfterSeconds":1}}`))
+	}))
+	defer srv.Close()
+	cfg := &rest.Config{Host: srv.URL}
+	sendAppliesOnce(cfg)
+	c, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	pools := c.Resource(schema.GroupVersionResource{Group: "example.tally.dev", Version: "v1", Resource: "workerpools"}).Namespace("ns")
+
+	pool := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "example.tally.dev/v1", "kind": "WorkerPool",
+		"metadata": map[string]any{"name": "pool", "namespace": "ns", "resourceVersion": "7"},
+		"status":   map[string]any{"active": int64(3)},
+	}}
+	start := time.Now()
+	_, err = pools.ApplyStatus(context.Background(), "pool", pool, metav1.ApplyOptions{FieldManager: "tally-aggregator", Force: true})
+	require.True(t, apierrors.IsTooManyRequests(err), "%v", err)
+	assert.Equal(t, int32(1), applies.Load(), "the apply was sent again")
+	assert.Less(t, time.Since(start), time.Second, "the apply waited for a retry")
+	delay, ok := apierrors.SuggestsClientDelay(err)
+	assert.True(t, ok)
+	assert.Equal(t, 1, delay, "the API server's delay is still in its answer")
+
+	// A request that is not a status apply is retried as client-go does.
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	_, _ = pools.UpdateStatus(ctx, pool, metav1.UpdateOptions{})
+	assert.Greater(t, updates.Load(), int32(1), "client-go's retries were lost for other requests")
+}
