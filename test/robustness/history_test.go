@@ -357,8 +357,8 @@ func (h *countsHistory) check() (violations []string, checked, unchecked int, la
 				for _, tr := range truths[first:end] {
 					seen = append(seen, tr.counts)
 				}
-				violations = append(violations, fmt.Sprintf("%s: counts %v (completing, active, completed, unexpected) written at revision %d, "+
-					"never the truth in the %s before: it was %v", h.names[uid], w.counts, w.rv, viewBound, seen))
+				violations = append(violations, fmt.Sprintf("%s: counts %v (completing, active, completed, unexpected) written at revision %d, seen at %s, "+
+					"never the truth in the %s before: it was %v", h.names[uid], w.counts, w.rv, w.seen.Format(time.StampMilli), viewBound, seen))
 			}
 		}
 	}

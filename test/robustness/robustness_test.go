@@ -775,7 +775,10 @@ func (rep *replica) start(t *testing.T) {
 	rep.probe = fmt.Sprintf("127.0.0.1:%d", port)
 	args := []string{"--config", rep.configs[rep.variant], "--kubeconfig", rep.kubeconfig,
 		"--leader-elect", "--leader-election-namespace", rep.ns, "--leader-election-id", leaseName,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", rep.probe, "--tracking-grace", "10m"}
+		"--metrics-bind-address", "0", "--health-probe-bind-address", rep.probe, "--tracking-grace", "10m",
+		// Each apply is logged, with the values and the resourceVersion it
+		// made: a failing seed's log tells which replica wrote what.
+		"--zap-log-level", "debug"}
 	// Sweeps every few seconds: the pods admitted while the webhook was
 	// down are stamped, and given the finalizer, within the run.
 	if rep.variant == 0 {
