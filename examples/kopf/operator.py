@@ -145,9 +145,12 @@ def reconcile(body, spec, status, name, namespace, uid, logger, **_):
     with pool_locks[uid]:
         scale(body, spec.get("replicas", 0), status.get("completing") or 0, name, namespace, uid,
               may_replace=restarts < RESTART_BUDGET)
-    logger.debug("tally counts: completing=%s active=%s completed=%s unexpected=%s unexpectedTotal=%s",
+    # status.ready is a count the configuration defines (customCounts): the
+    # pods whose Ready condition is True, kept by tally as the others are,
+    # where an operator would count readiness changes in a pod handler.
+    logger.debug("tally counts: completing=%s active=%s completed=%s unexpected=%s unexpectedTotal=%s ready=%s",
                  status.get("completing"), status.get("active"), status.get("completed"), status.get("unexpected"),
-                 restarts)
+                 restarts, status.get("ready"))
 
 
 def scale(body, replicas: int, completing: int, name: str, namespace: str, uid: str,

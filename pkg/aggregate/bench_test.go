@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
 )
@@ -59,11 +62,15 @@ func BenchmarkCountParent(b *testing.B) {
 	}
 }
 
-// BenchmarkCachedPodMemory measures the heap a cached pod costs in an
-// indexed store like the informer's: pods decoded from realistic JSON, kept
-// whole or reduced by the transform. It reports bytes per pod.
-func BenchmarkCachedPodMemory(b *testing.B) {
-	const n = 20_000
+// customPools is the WorkerPool kind with two custom counts.
+var customPools = config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", CustomCounts: []config.CustomCount{
+	{Name: "ready", Path: "status.ready", Expression: `has(pod.status.conditions) && pod.status.conditions.exists(c, c.type == "Ready" && c.status == "True")`},
+	{Name: "restarted", Path: "status.restarted", Expression: `has(pod.status.containerStatuses) && pod.status.containerStatuses.exists(s, s.restartCount > 0)`},
+}}
+
+// benchPods returns n realistic running pods of one parent, as JSON: with
+// the conditions and container statuses a kubelet reports.
+func benchPods(b *testing.B, n int) [][]byte {
 	raw := make([][]byte, n)
 	for i := range raw {
 		pod := builder.RealisticPod(builder.Pod("ns", fmt.Sprintf("pool-a-%05d", i)).
@@ -73,10 +80,62 @@ func BenchmarkCachedPodMemory(b *testing.B) {
 		pod.UID = types.UID(fmt.Sprintf("9d1f8c1e-0000-4000-8000-%012d", i))
 		pod.ResourceVersion = fmt.Sprint(100000 + i)
 		pod.Status.Phase = corev1.PodRunning
+		since := metav1.NewTime(time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC))
+		for _, t := range []corev1.PodConditionType{corev1.PodReadyToStartContainers, corev1.PodInitialized, corev1.PodReady, corev1.ContainersReady, corev1.PodScheduled} {
+			pod.Status.Conditions = append(pod.Status.Conditions, corev1.PodCondition{Type: t, Status: corev1.ConditionTrue, LastTransitionTime: since})
+		}
+		for _, c := range pod.Spec.Containers {
+			pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true,
+				RestartCount: int32(i % 3), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: since}}})
+		}
 		var err error
 		if raw[i], err = json.Marshal(pod); err != nil {
 			b.Fatal(err)
 		}
+	}
+	return raw
+}
+
+// BenchmarkTransform measures the informer's transform of one decoded pod:
+// without custom counts, and with two (both expressions evaluated on it).
+func BenchmarkTransform(b *testing.B) {
+	raw := benchPods(b, 100)
+	pods := make([]*corev1.Pod, len(raw))
+	for i, r := range raw {
+		pods[i] = &corev1.Pod{}
+		if err := json.Unmarshal(r, pods[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	withCustom, err := NewReducer([]config.Parent{customPools})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		reducer *Reducer
+	}{{"no custom counts", reducer}, {"two custom counts", withCustom}} {
+		b.Run(tc.name, func(b *testing.B) {
+			i := 0
+			for b.Loop() {
+				if _, err := tc.reducer.Transform(pods[i%len(pods)]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
+}
+
+// BenchmarkCachedPodMemory measures the heap a cached pod costs in an
+// indexed store like the informer's: pods decoded from realistic JSON, kept
+// whole or reduced by the transform, without or with two custom counts. It
+// reports bytes per pod.
+func BenchmarkCachedPodMemory(b *testing.B) {
+	raw := benchPods(b, 20_000)
+	withCustom, err := NewReducer([]config.Parent{customPools})
+	if err != nil {
+		b.Fatal(err)
 	}
 	wholeIndexers := toolscache.Indexers{ParentIndex: func(obj any) ([]string, error) {
 		return []string{obj.(*corev1.Pod).Labels[keys.ParentUID]}, nil
@@ -88,6 +147,7 @@ func BenchmarkCachedPodMemory(b *testing.B) {
 	}{
 		{"whole", func(o any) (any, error) { return o, nil }, wholeIndexers},
 		{"reduced", reducer.Transform, Indexers},
+		{"reduced, two custom counts", withCustom.Transform, Indexers},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			var perPod float64
