@@ -84,6 +84,7 @@ func main() {
 	total := flag.Int("total", 10_000, "sweep: pods in the cluster; uninstall: pods carrying the tracking finalizer")
 	tracked := flag.Int("tracked", 1_000, "sweep: pods of a tracked kind among them, unlabelled")
 	bigParent := flag.Int("big-parent", 5_000, "totals: pods of the big parent")
+	only := flag.String("only", "", "scale: run only the contenders whose name contains this (e.g. \"custom counts\")")
 	tallyOnly := flag.Bool("tally-only", false, "scale: leave out the conventional controller (at 150,000 pods its cache of whole pods takes the API server down on a 24 GiB machine)")
 	countsOnly := flag.Bool("counts-only", false, "install: stop once every parent is right, without waiting for the stamps")
 	flag.Parse()
@@ -98,7 +99,7 @@ func main() {
 		case "webhook":
 			return runWebhook(ctx, env, *step, *apiRound)
 		case "scale":
-			return runScale(ctx, env, *namespaces, *parentsPerNS, *podsPer, *tallyOnly)
+			return runScale(ctx, env, *namespaces, *parentsPerNS, *podsPer, *tallyOnly, *only)
 		case "install":
 			return runInstall(ctx, env, *namespaces, *parentsPerNS, *podsPer, *countsOnly)
 		case "totals":

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,7 +76,7 @@ type scaleResult struct {
 // aggregator (protobuf and JSON) and the conventional controller, the time
 // from start to every parent right, memory and CPU, and convergence after
 // 10% of the pods change at once.
-func runScale(ctx context.Context, env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOnly bool) error {
+func runScale(ctx context.Context, env *framework.Env, namespaces, parentsPerNS, podsPer int, tallyOnly bool, only string) error {
 	dir, err := os.MkdirTemp("", "tally-bench-scale-")
 	if err != nil {
 		return err
@@ -103,15 +104,37 @@ func runScale(ctx context.Context, env *framework.Env, namespaces, parentsPerNS,
 `), 0o600); err != nil {
 		return err
 	}
+	customFile := filepath.Join(dir, "custom.yaml")
+	if err := os.WriteFile(customFile, []byte(`parents:
+  - group: example.tally.dev
+    version: v1
+    kind: WorkerPool
+    resource: workerpools
+    counts: {completing: status.completing, completed: status.completed, active: status.active, unexpected: status.unexpected}
+    customCounts:
+      - name: ready
+        path: status.ready
+        expression: 'has(pod.status.conditions) && pod.status.conditions.exists(c, c.type == "Ready" && c.status == "True")'
+      - name: restarted
+        path: status.restarted
+        expression: 'has(pod.status.containerStatuses) && pod.status.containerStatuses.exists(s, s.restartCount > 0)'
+`), 0o600); err != nil {
+		return err
+	}
 	aggArgs := []string{"--config", cfgFile, "--kubeconfig", kubeconfig, "--metrics-bind-address", "0", "--backfill-interval", "1h"}
+	customArgs := append([]string{"--config", customFile}, aggArgs[2:]...)
 	contenders := []contender{
 		{name: "tally aggregator (protobuf)", bin: filepath.Join(dir, "aggregator"), args: aggArgs},
 		{name: "tally aggregator (json)", bin: filepath.Join(dir, "aggregator"), args: append(append([]string{}, aggArgs...), "--kube-api-content-type", "json")},
 		{name: "tally aggregator (protobuf, GOGC=50)", bin: filepath.Join(dir, "aggregator"), args: aggArgs, env: []string{"GOGC=50"}},
+		{name: "tally aggregator (protobuf, two custom counts)", bin: filepath.Join(dir, "aggregator"), args: customArgs},
 		{name: "conventional controller", bin: filepath.Join(dir, "conventional"), args: []string{"--kubeconfig", kubeconfig}},
 	}
 	if tallyOnly {
 		contenders = contenders[:len(contenders)-1]
+	}
+	if only != "" {
+		contenders = slices.DeleteFunc(contenders, func(c contender) bool { return !strings.Contains(c.name, only) })
 	}
 
 	// A client that is not the bottleneck: protobuf, no client-side limit.
@@ -181,6 +204,15 @@ func runScale(ctx context.Context, env *framework.Env, namespaces, parentsPerNS,
 				}
 				if pod.Status.Phase != "" {
 					created.Status.Phase = pod.Status.Phase
+					if pod.Status.Phase == corev1.PodRunning {
+						// What a kubelet reports of a running pod, which the
+						// custom counts read.
+						created.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+						for _, c := range created.Spec.Containers {
+							created.Status.ContainerStatuses = append(created.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true,
+								RestartCount: int32(j % 3), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}})
+						}
+					}
 					_, err = cs.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{})
 				}
 				return err
