@@ -115,7 +115,7 @@ type sizes struct{}
 
 func (sizes) EstimateSize(node checker.AstNode) *checker.SizeEstimate {
 	switch node.Type().Kind() {
-	case cel.ListKind, cel.MapKind:
+	case cel.ListKind, cel.MapKind, cel.StructKind:
 		return &checker.SizeEstimate{Min: 0, Max: maxEntries}
 	case cel.StringKind, cel.BytesKind:
 		return &checker.SizeEstimate{Min: 0, Max: maxString}

@@ -2,6 +2,7 @@ package podexpr
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,6 +27,9 @@ func TestCompile(t *testing.T) {
 		{name: "a label", expression: `pod.metadata.labels["app"] == "web"`},
 		{name: "a reserved word as a field", expression: `pod.metadata.namespace == "ns"`},
 		{name: "a time, as a string", expression: `has(pod.status.startTime) && timestamp(pod.status.startTime) > timestamp("2026-01-01T00:00:00Z")`},
+		{name: "a time not set is null", expression: `pod.status.conditions.exists(c, c.lastProbeTime != null && timestamp(c.lastProbeTime) > timestamp("2026-01-01T00:00:00Z"))`},
+		{name: "objects compared", expression: `pod.spec.containers[0] == pod.spec.containers[0]`},
+		{name: "kind: a pod from a watch has none", expression: `pod.kind == "Pod"`, err: "undefined field 'kind'"},
 		{name: "a quantity, as a string", expression: `pod.spec.containers.exists(c, has(c.resources.limits) && "cpu" in c.resources.limits && quantity(c.resources.limits["cpu"]).isGreaterThan(quantity("1")))`},
 		{name: "a Kubernetes library", expression: `pod.metadata.name.matches("^web-")`},
 		{name: "empty", expression: " ", err: "is empty"},
@@ -58,7 +62,9 @@ func TestMatch(t *testing.T) {
 		return p
 	}
 	readyPod := pod(func(p *corev1.Pod) {
-		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue}, {Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		since := metav1.NewTime(time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC))
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: since},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: since}}
 	})
 	notReady := pod(func(p *corev1.Pod) {
 		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
@@ -80,6 +86,10 @@ func TestMatch(t *testing.T) {
 		{name: "restarted", expression: restarted, pod: restartedPod, want: true},
 		{name: "the namespace", expression: `pod.metadata.namespace == "ns"`, pod: noConditions, want: true},
 		{name: "the phase", expression: `pod.status.phase == "Running"`, pod: noConditions, want: true},
+		{name: "a time not set is null", pod: readyPod, want: false,
+			expression: `pod.status.conditions.exists(c, c.lastProbeTime != null && timestamp(c.lastProbeTime) > timestamp("2026-01-01T00:00:00Z"))`},
+		{name: "a time set", pod: readyPod, want: true,
+			expression: `pod.status.conditions.exists(c, c.type == "Ready" && timestamp(c.lastTransitionTime) > timestamp("2026-01-01T00:00:00Z"))`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

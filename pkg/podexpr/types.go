@@ -13,7 +13,9 @@ import (
 
 // podType returns the CEL type of a core/v1 Pod as it reads in JSON (and
 // as celcommon.SchemalessTypedToVal presents it): fields by their JSON
-// names, times and quantities as strings.
+// names, quantities as strings, times as strings or null (a time not set,
+// such as a condition's lastProbeTime, is null, not absent). kind and
+// apiVersion are left out: a pod from a watch has none.
 func podType() *apiservercel.DeclType {
 	return declType(reflect.TypeFor[corev1.Pod](), "tally.pod")
 }
@@ -24,15 +26,16 @@ var (
 	quantityType = reflect.TypeFor[resource.Quantity]()
 	intOrString  = reflect.TypeFor[intstr.IntOrString]()
 	fieldsV1     = reflect.TypeFor[metav1.FieldsV1]()
+	typeMeta     = reflect.TypeFor[metav1.TypeMeta]()
 )
 
 // declType returns the CEL type of Go type t, as JSON shows it; name names
 // an object type (unique: its path from the pod).
 func declType(t reflect.Type, name string) *apiservercel.DeclType {
 	switch t {
-	case timeType, microTime, quantityType:
+	case quantityType:
 		return apiservercel.StringType
-	case intOrString, fieldsV1:
+	case timeType, microTime, intOrString, fieldsV1:
 		return apiservercel.DynType
 	}
 	switch t.Kind() {
@@ -72,6 +75,8 @@ func addFields(t reflect.Type, name string, fields map[string]*apiservercel.Decl
 		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		switch {
 		case tag == "-":
+			continue
+		case tag == "" && f.Anonymous && f.Type == typeMeta:
 			continue
 		case tag == "" && f.Anonymous:
 			addFields(f.Type, name, fields)

@@ -259,7 +259,7 @@ func TestRenderedConfigLoads(t *testing.T) {
 }
 
 // TestCustomCounts: custom counts render into the config file as the
-// values give them, expressions and their quotes intact; an expression
+// values give them, names, expressions and their quotes intact; an expression
 // that does not compile passes the values schema (which cannot read CEL)
 // and is refused by the config check the aggregator runs at start-up,
 // before anything runs, naming its key, kind, count and position.
@@ -277,7 +277,8 @@ func TestCustomCounts(t *testing.T) {
 	cfg, err := config.Parse([]byte(configOf("custom-counts.yaml")))
 	require.NoError(t, err)
 	custom := cfg.Parents[0].CustomCounts
-	require.Len(t, custom, 2)
+	require.Len(t, custom, 3)
+	assert.Equal(t, "on", custom[2].Name, "a name YAML would read as a boolean stays a name")
 	assert.Equal(t, `has(pod.status.conditions) && pod.status.conditions.exists(c, c.type == "Ready" && c.status == "True")`, custom[0].Expression)
 	assert.Equal(t, `pod.status.containerStatuses.exists(s, s.restartCount > 0) || pod.metadata.name.matches('^w-\\d+$')`, custom[1].Expression)
 

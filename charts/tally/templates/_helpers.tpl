@@ -58,8 +58,8 @@ parents:
     {{- with .customCounts }}
     customCounts:
       {{- range . }}
-      - name: {{ .name }}
-        path: {{ .path }}
+      - name: {{ .name | toJson }}
+        path: {{ .path | toJson }}
         expression: {{ .expression | toJson }}
       {{- end }}
     {{- end }}
