@@ -15,12 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -74,12 +72,7 @@ func TestFirstWriteIsTheTruth(t *testing.T) {
 		}
 	}
 
-	dyn, err := dynamic.NewForConfig(env.Config)
-	require.NoError(t, err)
-	w, err := dyn.Resource(schema.GroupVersionResource{Group: "example.tally.dev", Version: "v1", Resource: "workerpools"}).
-		Namespace(ns).Watch(ctx, metav1.ListOptions{})
-	require.NoError(t, err)
-	defer w.Stop()
+	w := watchPools(t, ns)
 	var mu sync.Mutex
 	written := map[string][]map[config.Count]int64{}
 	go func() {

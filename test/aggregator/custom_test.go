@@ -14,9 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/cmd/aggregator/app"
@@ -111,12 +109,7 @@ func TestCustomCountsEqualTheTruth(t *testing.T) {
 	}
 
 	// Every write, as a watch of the pool sees it.
-	dyn, err := dynamic.NewForConfig(env.Config)
-	require.NoError(t, err)
-	w, err := dyn.Resource(schema.GroupVersionResource{Group: "example.tally.dev", Version: "v1", Resource: "workerpools"}).
-		Namespace(ns).Watch(ctx, metav1.ListOptions{})
-	require.NoError(t, err)
-	defer w.Stop()
+	w := watchPools(t, ns)
 	type seen struct {
 		at     time.Time
 		fields customFields
@@ -282,12 +275,7 @@ func TestCustomCountKeptWhilePartial(t *testing.T) {
 	require.True(t, waitFor(30*time.Second, func() bool { return get() == customFields{ready: 2, active: 2} }), "%+v", get())
 	a.stop()
 
-	dyn, err := dynamic.NewForConfig(env.Config)
-	require.NoError(t, err)
-	w, err := dyn.Resource(schema.GroupVersionResource{Group: "example.tally.dev", Version: "v1", Resource: "workerpools"}).
-		Namespace(ns).Watch(ctx, metav1.ListOptions{})
-	require.NoError(t, err)
-	defer w.Stop()
+	w := watchPools(t, ns)
 	var mu sync.Mutex
 	var missing []string
 	go func() {

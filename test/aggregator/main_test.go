@@ -16,9 +16,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -221,6 +224,19 @@ func fieldsOf(u *unstructured.Unstructured, counts map[config.Count]string) map[
 		got[c] = v
 	}
 	return got
+}
+
+// watchPools watches the WorkerPools of ns (every status written) until
+// the test ends.
+func watchPools(t *testing.T, ns string) watch.Interface {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(env.Config)
+	require.NoError(t, err)
+	w, err := dyn.Resource(schema.GroupVersionResource{Group: "example.tally.dev", Version: "v1", Resource: "workerpools"}).
+		Namespace(ns).Watch(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+	return w
 }
 
 // converges waits until the parent shows its true counts.
