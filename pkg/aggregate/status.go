@@ -110,6 +110,15 @@ func equalCount(v any, want int64) bool {
 // reconciled again; its watch event usually brings it back sooner.
 const conflictRequeue = time.Second
 
+// ApplyTimeout bounds the time from the checks before a status apply to its
+// sending: values counted then are not sent later (after a wait in the
+// client's rate limiter, a process paused by the kernel or a debugger, a
+// slow API server). The request's context carries the deadline, which the
+// aggregator's transport checks again against the clock just before it
+// sends (a paused process resumes before its timers fire); a parent whose
+// apply missed it is counted again.
+const ApplyTimeout = 2 * time.Second
+
 // apply sends one server-side apply to the status subresource holding
 // exactly values (by dotted path) under manager, once this replica may
 // write. The resourceVersion of the parent the values were computed against
@@ -144,7 +153,9 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
 		}
 	}
-	err := r.Writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(manager), client.ForceOwnership)
+	applyCtx, cancel := context.WithTimeout(ctx, ApplyTimeout)
+	defer cancel()
+	err := r.Writer.Status().Apply(applyCtx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(manager), client.ForceOwnership)
 	switch {
 	case err == nil:
 		r.applied.Inc()
@@ -164,6 +175,10 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		// brings it back sooner).
 		r.conflicts.Inc()
 		passOf(ctx).lag()
+		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
+	case ctx.Err() == nil && (applyCtx.Err() != nil || errors.Is(err, context.DeadlineExceeded)):
+		// Not sent within ApplyTimeout of the checks: counted again.
+		r.failed.Inc()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	case apierrors.IsTooManyRequests(err):
 		// Throttled (API Priority and Fairness): counted again once the

@@ -1,14 +1,25 @@
 package app
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"k8s.io/client-go/rest"
 )
 
-// sendAppliesOnce keeps client-go from sending a status apply again by
-// itself. Answered 429 (or a 5xx) with Retry-After, client-go waits that
+// errApplyLate fails a status apply whose deadline passed before it was
+// sent (aggregate.ApplyTimeout).
+var errApplyLate = fmt.Errorf("status apply not sent: its counts are older than aggregate.ApplyTimeout: %w", context.DeadlineExceeded)
+
+// sendAppliesOnce sends a status apply only while its context's deadline
+// has not passed, checked against the clock just before the request goes
+// out: a process paused after its checks (SIGSTOP, a debugger, a stalled
+// VM) resumes before its timers fire, and would otherwise send counts as
+// old as the pause. It also keeps client-go from sending a status apply
+// again by itself. Answered 429 (or a 5xx) with Retry-After, client-go waits that
 // long and resends the same body, up to ten times: the counts it carries are
 // then as old as those waits (seconds under API Priority and Fairness),
 // and land over newer ones no precondition sees (the parent did not
@@ -18,8 +29,14 @@ import (
 func sendAppliesOnce(cfg *rest.Config) {
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+			if !statusApply(req) {
+				return rt.RoundTrip(req)
+			}
+			if deadline, ok := req.Context().Deadline(); ok && !time.Now().Before(deadline) {
+				return nil, errApplyLate
+			}
 			resp, err := rt.RoundTrip(req)
-			if err == nil && statusApply(req) && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
+			if err == nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
 				resp.Header.Del("Retry-After")
 			}
 			return resp, err

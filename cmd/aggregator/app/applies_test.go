@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,4 +62,41 @@ func TestStatusAppliesAreSentOnce(t *testing.T) {
 	defer cancel()
 	_, _ = pools.UpdateStatus(ctx, pool, metav1.UpdateOptions{})
 	assert.Greater(t, updates.Load(), int32(1), "client-go's retries were lost for other requests")
+}
+
+// pastDeadline is a context whose deadline has passed while its timer has
+// not fired yet: a process resumed after a pause.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Second), true }
+
+// TestLateAppliesAreNotSent: a status apply whose deadline passed before
+// it went out (its process paused between the checks and the send) is not
+// sent, even though its context's timer has not fired; other requests are.
+func TestLateAppliesAreNotSent(t *testing.T) {
+	var sent atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	cfg := &rest.Config{Host: srv.URL}
+	sendAppliesOnce(cfg)
+	rt, err := rest.TransportFor(cfg)
+	require.NoError(t, err)
+	request := func(method, path, contentType string) *http.Request {
+		req, err := http.NewRequestWithContext(pastDeadline{context.Background()}, method, srv.URL+path, strings.NewReader("{}"))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", contentType)
+		return req
+	}
+
+	_, err = rt.RoundTrip(request(http.MethodPatch, "/apis/example.tally.dev/v1/namespaces/ns/workerpools/pool/status", "application/apply-patch+yaml"))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, int32(0), sent.Load(), "a late status apply was sent")
+
+	resp, err := rt.RoundTrip(request(http.MethodPatch, "/api/v1/namespaces/ns/pods/p", "application/json-patch+json"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, int32(1), sent.Load(), "another request was held back")
 }
