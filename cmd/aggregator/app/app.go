@@ -89,6 +89,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	sendAppliesOnce(restCfg)
 	watch := newWatchMonitor(log)
 	watch.wrap(restCfg)
+	go watch.watchClock(ctx)
 	podWatchStale.Lock()
 	podWatchStale.monitor = watch
 	podWatchStale.Unlock()

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -70,9 +71,15 @@ type watchMonitor struct {
 	between     bool
 	betweenAt   time.Time
 	endedStream int
-	// epoch counts the times the view stopped being fresh (a break, or a
-	// watch ended): a count taken in one epoch is not written in another.
+	// epoch counts the times the view stopped being fresh (a break, a
+	// watch ended, the process paused): a count taken in one epoch is not
+	// written in another.
 	epoch uint64
+	// current is the last pod watch stream opened, which a pause ends.
+	current io.Closer
+	// lastTick is when watchClock last saw the process run (Unix
+	// nanoseconds); 0 before it runs.
+	lastTick atomic.Int64
 }
 
 // podInformer is what the monitor reads of the pod informer: the
@@ -206,7 +213,13 @@ func (m *watchMonitor) watchStream(req *http.Request, body io.ReadCloser, resume
 			}
 		}()
 	}
-	return &observedBody{ReadCloser: body, end: end}
+	observed := &observedBody{ReadCloser: body, end: end}
+	m.mu.Lock()
+	if stream == m.stream {
+		m.current = observed
+	}
+	m.mu.Unlock()
+	return observed
 }
 
 func (m *watchMonitor) broken(reason string) { m.brokenAt(time.Now(), reason) }
@@ -273,6 +286,9 @@ func (m *watchMonitor) isThrottled() bool {
 // watch has not been seen broken since it last delivered, and no watch
 // ended without what came after it being delivered.
 func (m *watchMonitor) fresh() bool {
+	if m.paused() {
+		return false
+	}
 	stale, between := m.check()
 	return stale == 0 && !between
 }
