@@ -110,14 +110,32 @@ func equalCount(v any, want int64) bool {
 // reconciled again; its watch event usually brings it back sooner.
 const conflictRequeue = time.Second
 
-// ApplyTimeout bounds the time from the checks before a status apply to its
+// SendWithin bounds the time from the checks before a status apply to its
 // sending: values counted then are not sent later (after a wait in the
-// client's rate limiter, a process paused by the kernel or a debugger, a
-// slow API server). The request's context carries the deadline, which the
-// aggregator's transport checks again against the clock just before it
-// sends (a paused process resumes before its timers fire); a parent whose
-// apply missed it is counted again.
-const ApplyTimeout = 2 * time.Second
+// client's rate limiter, a process paused by the kernel or a debugger).
+// The request's context carries the time (SendBy), which the aggregator's
+// transport checks against the clock just before it sends; a parent whose
+// apply missed it is counted again. The API server may take longer to
+// answer: only the sending is bounded.
+const SendWithin = 2 * time.Second
+
+type sendByKey struct{}
+
+// WithSendBy returns ctx with the time by which a status apply sent with
+// it must be sent.
+func WithSendBy(ctx context.Context, by time.Time) context.Context {
+	return context.WithValue(ctx, sendByKey{}, by)
+}
+
+// SendBy returns the time by which the status apply of ctx must be sent,
+// if it has one.
+func SendBy(ctx context.Context) (time.Time, bool) {
+	t, ok := ctx.Value(sendByKey{}).(time.Time)
+	return t, ok
+}
+
+// ErrSentLate is the error of a status apply not sent by its SendBy time.
+var ErrSentLate = errors.New("status apply not sent: its counts are older than aggregate.SendWithin")
 
 // apply sends one server-side apply to the status subresource holding
 // exactly values (by dotted path) under manager, once this replica may
@@ -129,6 +147,8 @@ const ApplyTimeout = 2 * time.Second
 // it.) On success parent takes the new resourceVersion, so that a second
 // apply in the same reconcile holds the same precondition.
 func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, values map[string]any, manager string) (reconcile.Result, error) {
+	// Set before the checks: a pause right after them counts too.
+	sendCtx := WithSendBy(ctx, time.Now().Add(SendWithin))
 	if !r.mayWrite() || !r.sameView(ctx) {
 		// A deposed leader that has not noticed yet (the new leader
 		// writes), or a pod view that broke since the values were
@@ -153,9 +173,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 			return reconcile.Result{}, fmt.Errorf("building status of %s %s: %w", r.kind, key, err)
 		}
 	}
-	applyCtx, cancel := context.WithTimeout(ctx, ApplyTimeout)
-	defer cancel()
-	err := r.Writer.Status().Apply(applyCtx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(manager), client.ForceOwnership)
+	err := r.Writer.Status().Apply(sendCtx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(manager), client.ForceOwnership)
 	switch {
 	case err == nil:
 		r.applied.Inc()
@@ -176,8 +194,8 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 		r.conflicts.Inc()
 		passOf(ctx).lag()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
-	case ctx.Err() == nil && (applyCtx.Err() != nil || errors.Is(err, context.DeadlineExceeded)):
-		// Not sent within ApplyTimeout of the checks: counted again.
+	case errors.Is(err, ErrSentLate):
+		// Not sent within SendWithin of the checks: counted again.
 		r.failed.Inc()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	case apierrors.IsTooManyRequests(err):

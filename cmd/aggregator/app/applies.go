@@ -1,22 +1,16 @@
 package app
 
 import (
-	"context"
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
 	"k8s.io/client-go/rest"
+	"tally.dev/tally/pkg/aggregate"
 )
 
-// errApplyLate fails a status apply whose deadline passed before it was
-// sent (aggregate.ApplyTimeout).
-var errApplyLate = fmt.Errorf("status apply not sent: its counts are older than aggregate.ApplyTimeout: %w", context.DeadlineExceeded)
-
-// sendAppliesOnce sends a status apply only while its context's deadline
-// has not passed, checked against the clock just before the request goes
-// out: a process paused after its checks (SIGSTOP, a debugger, a stalled
+// sendAppliesOnce sends a status apply only until its aggregate.SendBy
+// time, checked against the clock just before the request goes out: a process paused after its checks (SIGSTOP, a debugger, a stalled
 // VM) resumes before its timers fire, and would otherwise send counts as
 // old as the pause. It also keeps client-go from sending a status apply
 // again by itself. Answered 429 (or a 5xx) with Retry-After, client-go waits that
@@ -32,8 +26,8 @@ func sendAppliesOnce(cfg *rest.Config) {
 			if !statusApply(req) {
 				return rt.RoundTrip(req)
 			}
-			if deadline, ok := req.Context().Deadline(); ok && !time.Now().Before(deadline) {
-				return nil, errApplyLate
+			if by, ok := aggregate.SendBy(req.Context()); ok && !time.Now().Before(by) {
+				return nil, aggregate.ErrSentLate
 			}
 			resp, err := rt.RoundTrip(req)
 			if err == nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {

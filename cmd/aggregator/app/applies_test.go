@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+	"tally.dev/tally/pkg/aggregate"
 )
 
 // TestStatusAppliesAreSentOnce: an API server that answers status applies
@@ -64,15 +65,10 @@ func TestStatusAppliesAreSentOnce(t *testing.T) {
 	assert.Greater(t, updates.Load(), int32(1), "client-go's retries were lost for other requests")
 }
 
-// pastDeadline is a context whose deadline has passed while its timer has
-// not fired yet: a process resumed after a pause.
-type pastDeadline struct{ context.Context }
-
-func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Second), true }
-
-// TestLateAppliesAreNotSent: a status apply whose deadline passed before
-// it went out (its process paused between the checks and the send) is not
-// sent, even though its context's timer has not fired; other requests are.
+// TestLateAppliesAreNotSent: a status apply whose send-by time passed
+// before it went out (its process paused between the checks and the send,
+// a wait in the client's rate limiter) is not sent; other requests are,
+// and an apply on time is.
 func TestLateAppliesAreNotSent(t *testing.T) {
 	var sent atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -84,19 +80,37 @@ func TestLateAppliesAreNotSent(t *testing.T) {
 	sendAppliesOnce(cfg)
 	rt, err := rest.TransportFor(cfg)
 	require.NoError(t, err)
-	request := func(method, path, contentType string) *http.Request {
-		req, err := http.NewRequestWithContext(pastDeadline{context.Background()}, method, srv.URL+path, strings.NewReader("{}"))
+	late := aggregate.WithSendBy(context.Background(), time.Now().Add(-time.Millisecond))
+	request := func(ctx context.Context, method, path, contentType string) *http.Request {
+		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader("{}"))
 		require.NoError(t, err)
 		req.Header.Set("Content-Type", contentType)
 		return req
 	}
 
-	_, err = rt.RoundTrip(request(http.MethodPatch, "/apis/example.tally.dev/v1/namespaces/ns/workerpools/pool/status", "application/apply-patch+yaml"))
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	const status = "/apis/example.tally.dev/v1/namespaces/ns/workerpools/pool/status"
+	_, err = rt.RoundTrip(request(late, http.MethodPatch, status, "application/apply-patch+yaml"))
+	require.ErrorIs(t, err, aggregate.ErrSentLate)
 	assert.Equal(t, int32(0), sent.Load(), "a late status apply was sent")
 
-	resp, err := rt.RoundTrip(request(http.MethodPatch, "/api/v1/namespaces/ns/pods/p", "application/json-patch+json"))
+	resp, err := rt.RoundTrip(request(late, http.MethodPatch, "/api/v1/namespaces/ns/pods/p", "application/json-patch+json"))
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, int32(1), sent.Load(), "another request was held back")
+
+	onTime := aggregate.WithSendBy(context.Background(), time.Now().Add(time.Minute))
+	resp, err = rt.RoundTrip(request(onTime, http.MethodPatch, status, "application/apply-patch+yaml"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, int32(2), sent.Load(), "an apply on time was held back")
+
+	// Through client-go, as the reconciler sends it: the error says so.
+	c, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	pool := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "example.tally.dev/v1", "kind": "WorkerPool",
+		"metadata": map[string]any{"name": "pool", "namespace": "ns"}}}
+	_, err = c.Resource(schema.GroupVersionResource{Group: "example.tally.dev", Version: "v1", Resource: "workerpools"}).Namespace("ns").
+		ApplyStatus(late, "pool", pool, metav1.ApplyOptions{FieldManager: "tally-aggregator"})
+	require.ErrorIs(t, err, aggregate.ErrSentLate)
+	assert.Equal(t, int32(2), sent.Load())
 }

@@ -18,9 +18,9 @@ const clockTick = 250 * time.Millisecond
 
 // watchClock notices the process not running for longer than pauseBound,
 // until ctx is done: the view is then stale (a new epoch: no count taken
-// before is written), and the pod watch is ended, so that client-go opens
-// it again from where its cache is and the view is fresh once that watch
-// settled (delivered).
+// before is written), and the pod watch is ended, so that client-go lists
+// the pods again (it does so after a watch that ends with an error) and the
+// view is fresh once that list is delivered.
 func (m *watchMonitor) watchClock(ctx context.Context) {
 	t := time.NewTicker(clockTick)
 	defer t.Stop()
@@ -36,20 +36,26 @@ func (m *watchMonitor) watchClock(ctx context.Context) {
 }
 
 // tick records that the process runs at now, after a pause if the last
-// tick is more than pauseBound ago.
+// tick is more than pauseBound ago. Times are kept as monotonic offsets
+// from the monitor's start: a step of the wall clock is no pause.
 func (m *watchMonitor) tick(now time.Time) {
-	last := m.lastTick.Swap(now.UnixNano())
-	if last == 0 || now.Sub(time.Unix(0, last)) <= pauseBound {
-		return
+	at := int64(now.Sub(m.started))
+	last := m.lastTick.Load()
+	if last != 0 && time.Duration(at-last) > pauseBound {
+		// Stale, in a new epoch, before the tick is recorded: no reconcile
+		// sees the view fresh in between. Dated now, not when the pause
+		// began: the time the process did not run is no time the view was
+		// seen stale (the stale-view restart counts that).
+		m.brokenAt(now, "the process did not run for "+time.Duration(at-last).Round(time.Millisecond).String())
+		m.mu.Lock()
+		current := m.current
+		m.mu.Unlock()
+		if current != nil {
+			// Closing a stream the connection has data for may wait on it.
+			go current.Close()
+		}
 	}
-	paused := now.Sub(time.Unix(0, last)).Round(time.Millisecond)
-	m.brokenAt(time.Unix(0, last), "the process did not run for "+paused.String())
-	m.mu.Lock()
-	current := m.current
-	m.mu.Unlock()
-	if current != nil {
-		_ = current.Close()
-	}
+	m.lastTick.Store(at)
 }
 
 // paused reports whether the process has not run for longer than
@@ -58,5 +64,5 @@ func (m *watchMonitor) tick(now time.Time) {
 // view stale), so that no reconcile that runs first counts from it.
 func (m *watchMonitor) paused() bool {
 	last := m.lastTick.Load()
-	return last != 0 && time.Since(time.Unix(0, last)) > pauseBound
+	return last != 0 && time.Since(m.started)-time.Duration(last) > pauseBound
 }

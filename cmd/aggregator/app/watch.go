@@ -77,9 +77,10 @@ type watchMonitor struct {
 	epoch uint64
 	// current is the last pod watch stream opened, which a pause ends.
 	current io.Closer
-	// lastTick is when watchClock last saw the process run (Unix
-	// nanoseconds); 0 before it runs.
+	// lastTick is when watchClock last saw the process run, as a
+	// monotonic offset from started; 0 before it runs.
 	lastTick atomic.Int64
+	started  time.Time
 }
 
 // podInformer is what the monitor reads of the pod informer: the
@@ -93,7 +94,8 @@ type podInformer interface {
 }
 
 func newWatchMonitor(log logr.Logger) *watchMonitor {
-	return &watchMonitor{log: log}
+	// A moment before now: a first tick is never at offset 0.
+	return &watchMonitor{log: log, started: time.Now().Add(-time.Nanosecond)}
 }
 
 // wrap makes cfg's requests observed by m.
