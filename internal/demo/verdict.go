@@ -39,8 +39,9 @@ type Snapshot struct {
 	// Custom names the pool's custom counts, whose values Tally and Truth
 	// hold beside the others.
 	Custom []config.Count
-	// Settled reports that no pod is starting or completing and the pool
-	// runs as many pods as it wants.
+	// Settled reports that no pod is starting (not running yet, or not
+	// reported Ready yet) or completing and the pool runs as many pods as
+	// it wants.
 	Settled bool
 }
 
@@ -94,7 +95,9 @@ func (d *Demo) Snapshot(ctx context.Context) (Snapshot, error) {
 	}
 	starting := false
 	for _, p := range pods.Items {
-		starting = starting || p.Status.Phase == "" || p.Status.Phase == corev1.PodPending
+		// A pod the kubelet has yet to start, or to report Ready.
+		starting = starting || p.Status.Phase == "" || p.Status.Phase == corev1.PodPending ||
+			(p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && !ready(&p))
 	}
 	s.Settled = !starting && s.Truth[config.Completing] == 0 && s.Truth[config.Completed] == 0 &&
 		s.Truth[config.Unexpected] == 0 && s.Truth[config.Active] == s.Desired

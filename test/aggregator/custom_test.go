@@ -152,8 +152,13 @@ func TestCustomCountsEqualTheTruth(t *testing.T) {
 	before := settled()
 	assert.Positive(t, before.ready)
 	assert.Positive(t, before.restarted)
+	// The watch delivers the write a moment after a Get shows it.
+	require.True(t, waitFor(10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(writes) > 0 && writes[len(writes)-1].fields == before
+	}), "the pool watch never saw the settled write")
 	mu.Lock()
-	require.NotEmpty(t, writes)
 	for i, s := range writes {
 		assert.Equal(t, before, s.fields, "write %d, before any pod changed: only the truth may be written", i)
 	}
