@@ -347,9 +347,10 @@ func (r *run) count(pod *corev1.Pod, intent, tracked bool) {
 // tracked pod.
 func (r *run) finishUntracked(t *testing.T, pod *corev1.Pod, ending string, intent bool) (finished, tracked bool) {
 	deadline := time.Now().Add(time.Minute)
+	var err error
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		finished, tracked, err := r.finishFrom(ctx, pod, ending, intent)
+		finished, tracked, err = r.finishFrom(ctx, pod, ending, intent)
 		cancel()
 		switch {
 		case err == nil:
@@ -362,7 +363,7 @@ func (r *run) finishUntracked(t *testing.T, pod *corev1.Pod, ending string, inte
 		// finalizer in between), or no clear answer: read it again.
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Errorf("finishing %s: not taken by the API server within a minute", pod.Name)
+	t.Errorf("finishing %s: not taken by the API server within a minute; the last answer: %v", pod.Name, err)
 	return true, false
 }
 
