@@ -10,13 +10,14 @@ import (
 )
 
 // sendAppliesOnce sends a status apply only until its aggregate.SendBy
-// time, checked against the clock just before the request goes out: a process paused after its checks (SIGSTOP, a debugger, a stalled
-// VM) resumes before its timers fire, and would otherwise send counts as
-// old as the pause. It also keeps client-go from sending a status apply
-// again by itself. Answered 429 (or a 5xx) with Retry-After, client-go waits that
-// long and resends the same body, up to ten times: the counts it carries are
-// then as old as those waits (seconds under API Priority and Fairness),
-// and land over newer ones no precondition sees (the parent did not
+// time, checked against the clock just before the request goes out: a
+// process paused after its checks (SIGSTOP, a debugger, a stalled VM)
+// resumes before its timers fire, and would otherwise send counts as old as
+// the pause. It also keeps client-go from sending a status apply again by
+// itself: answered 429 (or a 5xx) with Retry-After, client-go waits that
+// long and resends the same body, up to ten times, so the counts it carries
+// are as old as those waits (seconds under API Priority and Fairness) and
+// land over newer ones that no precondition sees (the parent did not
 // change). Without the header, the apply fails at once and the reconcile
 // counts again: Reconciler.apply waits the delay the API server's answer
 // gives before the next try.
