@@ -32,6 +32,10 @@ var (
 		Name: "tally_aggregator_apply_conflicts_total",
 		Help: "Applies refused because the parent changed since the cache showed it (expected under load, and from a deposed leader); the parent is counted again, by parent kind.",
 	}, []string{"kind"})
+	parentLiveReads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_parent_live_reads_total",
+		Help: "Parents read from the API server because the parent cache showed a version older than this replica's last write (its watch broken or lagging), by parent kind.",
+	}, []string{"kind"})
 	appliesFenced = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_applies_fenced_total",
 		Help: "Reconciles and applies held back because this replica's leader lease may have passed to another replica, or its pod view is known to be stale (the pod watch broken) or stopped being fresh since the count, by parent kind.",
@@ -144,7 +148,7 @@ func (currentCounts) Collect(ch chan<- prometheus.Metric) { current.Load().count
 
 func init() {
 	current.Store(newObserved())
-	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, appliesFenced, customCountErrors, kindProblems,
+	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, parentLiveReads, appliesFenced, customCountErrors, kindProblems,
 		podsStamped, unstampedPods, pendingStamps, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, heldPods, oldestHeldPod, ledgerLiveLists, ledgerLiveReads, currentCounts{},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",

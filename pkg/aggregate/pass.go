@@ -9,13 +9,14 @@ import (
 
 // pass is what one Reconcile carries, in its context, through the
 // reconcile of its parent and the one more run on the parent read from the
-// API server: the pod view's epoch its counts were taken in, the pods whose
-// finalizer it released, and whether an apply met a newer parent than it
-// read. Outside a Reconcile there is none, and a nil pass tells nothing.
+// API server: the pod view's epoch its counts were taken in, the version
+// of the parent the cache showed, the pods whose finalizer it released, and
+// whether an apply met a newer parent than it read. Outside a Reconcile there is none, and a nil pass tells nothing.
 type pass struct {
 	epoch uint64
 
 	mu       sync.Mutex
+	cached   string
 	released map[types.UID]bool
 	lagged   bool
 }
@@ -30,6 +31,27 @@ func withPass(ctx context.Context, epoch uint64) (context.Context, *pass) {
 func passOf(ctx context.Context) *pass {
 	p, _ := ctx.Value(passKey{}).(*pass)
 	return p
+}
+
+// cachedAt records the parent's version as the cache showed it.
+func (p *pass) cachedAt(rv string) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cached = rv
+}
+
+// cachedVersion returns the parent's version as the cache showed it; empty
+// when not read from the cache.
+func (p *pass) cachedVersion() string {
+	if p == nil {
+		return ""
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cached
 }
 
 // release records that the pass released pod uid's finalizer.

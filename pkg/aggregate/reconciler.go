@@ -40,11 +40,14 @@ type Reconciler struct {
 	// custom is how many custom counts the kind defines.
 	custom   int
 	releases *releases
+	// written tells when the parent cache is behind this replica's own
+	// writes.
+	written *written
 	// queue is the controller's work queue, once it started.
 	queue atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
 	Deps
 	// The kind's counters, resolved once.
-	reconciledTotal, applied, skipped, failed, conflicts, fenced prometheus.Counter
+	reconciledTotal, applied, skipped, failed, conflicts, cacheBehind, fenced prometheus.Counter
 }
 
 // Deps are what a Reconciler reads from and writes to.
@@ -111,10 +114,10 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	}
 	return &Reconciler{
 		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(), custom: len(parent.CustomCounts),
-		releases: newReleases(), Deps: deps,
+		releases: newReleases(), written: newWritten(), Deps: deps,
 		reconciledTotal: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
-		conflicts: applyConflicts.WithLabelValues(kind), fenced: appliesFenced.WithLabelValues(kind),
+		conflicts: applyConflicts.WithLabelValues(kind), cacheBehind: parentLiveReads.WithLabelValues(kind), fenced: appliesFenced.WithLabelValues(kind),
 	}
 }
 
@@ -125,9 +128,10 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 // go in one apply, then the finalizers of the recorded pods are removed, at
 // most PodBatch pod writes at a time. Pods carrying the finalizer whose
 // parent is gone, or whose kind keeps no totals, lose it. Nothing is
-// counted while this replica may not write, and an apply that meets a newer
-// parent than the cache shows brings one more pass, on the parent read from
-// the API server.
+// counted while this replica may not write. A parent whose cache is behind
+// this replica's last write of it is read from the API server, and an
+// apply that meets a newer parent than the cache shows (another writer)
+// brings one more pass, on the parent read from the API server.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if r.Backfilled(ctx) != nil {
 		// Shutting down before the start-up backfill completed.
@@ -150,7 +154,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
 	ctx, pass := withPass(ctx, epoch)
-	result, err := r.reconcileFrom(ctx, req, key, r.Parents)
+	result, err := r.reconcileFrom(ctx, req, key, false)
 	if pass.takeLagged() && r.Live != nil {
 		// The parent's cache lags behind the API server (after an outage
 		// its watch may come back seconds after the pods'): count again
@@ -158,19 +162,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// meet the same conflict until the cache catches up. A second
 		// conflict is a writer racing this one, retried after
 		// conflictRequeue.
-		result, err = r.reconcileFrom(ctx, req, key, r.Live)
+		result, err = r.reconcileFrom(ctx, req, key, true)
 	}
 	return result, err
 }
 
-// reconcileFrom reconciles the parent req names, read from parents.
-func (r *Reconciler) reconcileFrom(ctx context.Context, req reconcile.Request, key parentKey, parents client.Reader) (reconcile.Result, error) {
-	parent := &unstructured.Unstructured{}
-	parent.SetGroupVersionKind(r.gvk)
-	if err := parents.Get(ctx, req.NamespacedName, parent); err != nil {
+// reconcileFrom reconciles the parent req names, read from the API server
+// when live, else from the cache.
+func (r *Reconciler) reconcileFrom(ctx context.Context, req reconcile.Request, key parentKey, live bool) (reconcile.Result, error) {
+	parent, err := r.readParent(ctx, key, live)
+	if err != nil {
 		if !gone(err) {
 			return reconcile.Result{}, err
 		}
+		r.written.forget(key)
 		r.observed.counted.forget(key)
 		if r.Deps.reconciled != nil {
 			r.Deps.reconciled.forget(key)
@@ -204,6 +209,30 @@ func (r *Reconciler) reconcileFrom(ctx context.Context, req reconcile.Request, k
 		return r.applyCounts(ctx, parent, counts, r.untracked(pods), why)
 	}
 	return r.reconcileTotals(ctx, parent, pods, counts)
+}
+
+// readParent reads the parent from the API server when live, or when the
+// cache shows a version older than this replica's last write of it (its
+// watch broken, or lagging after an outage: writing from the cached
+// version would only meet a conflict); else from the cache.
+func (r *Reconciler) readParent(ctx context.Context, key parentKey, live bool) (*unstructured.Unstructured, error) {
+	parent := &unstructured.Unstructured{}
+	parent.SetGroupVersionKind(r.gvk)
+	if !live {
+		if err := r.Parents.Get(ctx, key.name, parent); err != nil {
+			return nil, err
+		}
+		rv := parent.GetResourceVersion()
+		passOf(ctx).cachedAt(rv)
+		if r.Live == nil || !r.written.behind(key, rv) {
+			return parent, nil
+		}
+		r.cacheBehind.Inc()
+	}
+	if err := r.Live.Get(ctx, key.name, parent); err != nil {
+		return nil, err
+	}
+	return parent, nil
 }
 
 // count returns the parent's cached pods, and the counts of those and of the

@@ -177,6 +177,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 	switch {
 	case err == nil:
 		r.applied.Inc()
+		r.written.wrote(parentKey{kind: r.gvk.GroupKind(), name: key}, passOf(ctx).cachedVersion(), parent.GetResourceVersion(), obj.GetResourceVersion())
 		parent.SetResourceVersion(obj.GetResourceVersion())
 		// The schema declares every field this manager writes, and the
 		// status is served (again).
