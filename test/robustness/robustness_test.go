@@ -278,8 +278,8 @@ func (r *run) churn(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			// The webhook stamps it and adds the tracking finalizer; while
 			// it is down, the pod is admitted as it is.
 			pod := builder.Pod(r.ns, fmt.Sprintf("%s-%d", pool, n)).ControlledBy(operator.GVK, pool, r.uids[pool]).Build()
-			if r.retry(t, "create "+pod.Name, func(ctx context.Context) error { return env.Client.Create(ctx, pod) },
-				func(ctx context.Context) (bool, error) { return r.exists(ctx, pod) }) {
+			if r.retry(t, "create "+pod.Name, func(ctx context.Context) error { return r.create(ctx, pod) },
+				func(ctx context.Context) (bool, error) { return r.read(ctx, pod) }) {
 				r.live[pool] = append(live, pod)
 			}
 		default:
@@ -474,8 +474,22 @@ func (r *run) retry(t *testing.T, what string, op func(context.Context) error, a
 	return false
 }
 
-func (r *run) exists(ctx context.Context, pod *corev1.Pod) (bool, error) {
-	err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+// create creates pod and fills it in as the API server took it (its UID,
+// and the finalizer when the webhook added it), also when an earlier create
+// was taken by an API server whose answer was lost: each pod name is
+// created once.
+func (r *run) create(ctx context.Context, pod *corev1.Pod) error {
+	err := env.Client.Create(ctx, pod)
+	if apierrors.IsAlreadyExists(err) {
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod)
+	}
+	return err
+}
+
+// read fills pod in as the API server has it, and reports whether it
+// exists.
+func (r *run) read(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod)
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
