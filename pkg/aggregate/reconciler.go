@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -53,8 +54,8 @@ type Reconciler struct {
 // Deps are what a Reconciler reads from and writes to.
 type Deps struct {
 	// Parents reads parents from the informer cache; Live from the API
-	// server (when the cache lags behind it: an apply answered 409 or
-	// 404).
+	// server (when the cache lags behind it: behind this replica's own
+	// last write, or an apply answered 409 or 404).
 	Parents, Live client.Reader
 	// Writer sends the server-side applies.
 	Writer client.Client
@@ -130,8 +131,9 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 // parent is gone, or whose kind keeps no totals, lose it. Nothing is
 // counted while this replica may not write. A parent whose cache is behind
 // this replica's last write of it is read from the API server, and an
-// apply that meets a newer parent than the cache shows (another writer)
-// brings one more pass, on the parent read from the API server.
+// apply that meets a newer parent than it read (another writer's, or a
+// cache behind in a way written does not know) brings one more pass, on
+// the parent read from the API server.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if r.Backfilled(ctx) != nil {
 		// Shutting down before the start-up backfill completed.
@@ -224,7 +226,7 @@ func (r *Reconciler) readParent(ctx context.Context, key parentKey, live bool) (
 		}
 		rv := parent.GetResourceVersion()
 		passOf(ctx).cachedAt(rv)
-		if r.Live == nil || !r.written.behind(key, rv) {
+		if r.Live == nil || !r.written.behind(key, rv, time.Now()) {
 			return parent, nil
 		}
 		r.cacheBehind.Inc()

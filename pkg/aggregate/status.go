@@ -141,11 +141,14 @@ var ErrSentLate = errors.New("status apply not sent: its counts are older than a
 // exactly values (by dotted path) under manager, once this replica may
 // write. The resourceVersion of the parent the values were computed against
 // is a precondition: a parent deleted and created again under the same name
-// is never written with the old one's values, and a writer whose cache is
-// behind (a deposed leader) gets a conflict instead of overwriting newer
-// ones. (A UID in an apply is not a precondition: the API server ignores
-// it.) On success parent takes the new resourceVersion, so that a second
-// apply in the same reconcile holds the same precondition.
+// is never written with the old one's values, and values counted against
+// an older parent than the API server has get a conflict instead of
+// overwriting newer ones (and are counted again on the parent read from the
+// API server: what keeps a deposed leader from writing is mayWrite, not
+// this precondition). (A UID in an apply is not a precondition: the API
+// server ignores it.) On success parent takes the new resourceVersion, so
+// that a second apply in the same reconcile holds the same precondition,
+// and written records it.
 func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, values map[string]any, manager string) (reconcile.Result, error) {
 	// Set before the checks: a pause right after them counts too.
 	sendCtx := WithSendBy(ctx, time.Now().Add(SendWithin))
@@ -177,7 +180,7 @@ func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructure
 	switch {
 	case err == nil:
 		r.applied.Inc()
-		r.written.wrote(parentKey{kind: r.gvk.GroupKind(), name: key}, passOf(ctx).cachedVersion(), parent.GetResourceVersion(), obj.GetResourceVersion())
+		r.written.wrote(parentKey{kind: r.gvk.GroupKind(), name: key}, passOf(ctx).cachedVersion(), parent.GetResourceVersion(), obj.GetResourceVersion(), time.Now())
 		parent.SetResourceVersion(obj.GetResourceVersion())
 		// The schema declares every field this manager writes, and the
 		// status is served (again).

@@ -3,12 +3,20 @@ package aggregate
 import (
 	"slices"
 	"sync"
+	"time"
 )
 
 // maxStale bounds the versions remembered per parent as older than its last
-// write: past it, the oldest is forgotten, and a cache showing it costs one
-// 409 Conflict, as without the memory.
+// write: past it, the oldest is forgotten, and a cache showing it is read
+// as if nothing were remembered (an apply from it meets a 409 Conflict, and
+// the parent is counted again on the parent read from the API server).
 const maxStale = 8
+
+// writtenFor is how long after a parent's last write a version the cache
+// shows that is neither the last write nor one known to be older (another
+// writer's, or one forgotten past maxStale) keeps the parent's writes
+// remembered; after it, such a version forgets them.
+const writtenFor = 30 * time.Second
 
 // written remembers, for each parent this replica wrote, the
 // resourceVersion its last status apply produced and the versions it knows
@@ -18,7 +26,9 @@ const maxStale = 8
 // lags after an outage), and the parent is read from the API server
 // instead: an apply from the cached version would only meet a conflict.
 // resourceVersions are compared for equality only, as the API conventions
-// ask.
+// ask. A parent's writes are forgotten once the cache shows the last one,
+// once it shows another version writtenFor after the last write, or when
+// the parent is gone: at most one entry per parent.
 type written struct {
 	mu      sync.Mutex
 	parents map[parentKey]writes
@@ -26,6 +36,7 @@ type written struct {
 
 type writes struct {
 	last  string
+	at    time.Time
 	stale []string
 }
 
@@ -33,46 +44,43 @@ func newWritten() *written {
 	return &written{parents: map[parentKey]writes{}}
 }
 
-// wrote records that an apply took parent from version from to version to,
-// the cache having shown version cached when the reconcile read it (empty:
-// not known).
-func (w *written) wrote(parent parentKey, cached, from, to string) {
+// wrote records that an apply at time now took parent from version from to
+// version to, the cache having shown version cached when the reconcile read
+// it (empty: not known). An apply the API server took without a change
+// (to == from) tells nothing.
+func (w *written) wrote(parent parentKey, cached, from, to string, now time.Time) {
+	if to == "" || to == from {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e := w.parents[parent]
-	if e.last != "" {
-		e.stale = appendStale(e.stale, e.last)
+	for _, rv := range []string{e.last, cached, from} {
+		if rv != "" && rv != to && !slices.Contains(e.stale, rv) {
+			if len(e.stale) == maxStale {
+				e.stale = slices.Delete(e.stale, 0, 1)
+			}
+			e.stale = append(e.stale, rv)
+		}
 	}
-	e.stale = appendStale(appendStale(e.stale, cached), from)
-	e.last = to
+	e.last, e.at = to, now
 	w.parents[parent] = e
 }
 
-func appendStale(stale []string, rv string) []string {
-	if rv == "" || slices.Contains(stale, rv) {
-		return stale
-	}
-	if len(stale) == maxStale {
-		stale = slices.Delete(stale, 0, 1)
-	}
-	return append(stale, rv)
-}
-
-// behind reports whether the cache, showing parent at version rv, is
-// behind this replica's last write of it. Once the cache shows any other
-// version (the last write, or a newer one from another writer), the
-// parent's writes are forgotten.
-func (w *written) behind(parent parentKey, rv string) bool {
+// behind reports whether the cache, showing parent at version rv at time
+// now, is behind this replica's last write of it.
+func (w *written) behind(parent parentKey, rv string, now time.Time) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e, ok := w.parents[parent]
-	if !ok {
+	switch {
+	case !ok:
 		return false
-	}
-	if slices.Contains(e.stale, rv) {
+	case slices.Contains(e.stale, rv):
 		return true
+	case rv == e.last || now.Sub(e.at) >= writtenFor:
+		delete(w.parents, parent)
 	}
-	delete(w.parents, parent)
 	return false
 }
 

@@ -640,7 +640,7 @@ func TestAParentCacheBehindIsReadLive(t *testing.T) {
 	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond)
 	breaker.Set(true)
-	var conflicts float64
+	var conflicts, liveReads float64
 	for i, p := range pods[:4] {
 		markIntent(t, []*corev1.Pod{p})
 		require.Eventually(t, func() bool { return completing(t, ns) == int64(i+1) }, 5*time.Second, 20*time.Millisecond,
@@ -648,11 +648,13 @@ func TestAParentCacheBehindIsReadLive(t *testing.T) {
 		if i == 0 {
 			// From here the cache is behind the pool's last write.
 			conflicts = counter(t, "tally_aggregator_apply_conflicts_total")
+			liveReads = counter(t, "tally_aggregator_parent_live_reads_total")
 		}
 	}
 	conflicted := counter(t, "tally_aggregator_apply_conflicts_total") - conflicts
-	t.Logf("3 pods marked while the parent cache lagged behind the last write: %v conflicts, %v live reads", conflicted,
-		counter(t, "tally_aggregator_parent_live_reads_total"))
+	readLive := counter(t, "tally_aggregator_parent_live_reads_total") - liveReads
+	t.Logf("3 pods marked while the parent cache lagged behind the last write: %v conflicts, %v live reads", conflicted, readLive)
 	assert.Zero(t, conflicted, "409 answers: the cache shows a version older than the aggregator's last write, so the parent is read live")
+	assert.GreaterOrEqual(t, readLive, 3.0, "the parent read from the API server for each write")
 	breaker.Set(false)
 }
