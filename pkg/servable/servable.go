@@ -1,7 +1,7 @@
 // Package servable decides whether the API server serves a parent kind the
 // way tally needs it: namespaced, with a status subresource, and, for a kind
 // with cumulative totals, a served schema that declares the ledger and every
-// mapped total. The webhook and the aggregator run the same checks, so that
+// mapped total, with types that take what tally writes there. The webhook and the aggregator run the same checks, so that
 // the webhook gives the tracking finalizer only to pods whose kind the
 // aggregator can record, and the aggregator releases the pods of a kind it
 // cannot.
@@ -79,8 +79,9 @@ func (c *Checker) Kind(p config.Parent) *Problem {
 
 // Totals confirms that the kind is served (Kind) and that, when it maps a
 // total, the schema the API server serves for its version declares the
-// ledger (with its lists completed and unexpected) and every mapped total:
-// the API server would drop, or refuse, what it does not declare.
+// ledger (with its lists completed and unexpected, arrays) and every mapped
+// total (an integer): the API server would drop what it does not declare,
+// and refuse what its type does not take.
 func (c *Checker) Totals(p config.Parent) *Problem {
 	if problem := c.Kind(p); problem != nil || !p.Tracked() {
 		return problem
@@ -104,7 +105,7 @@ func (c *Checker) Totals(p config.Parent) *Problem {
 	if err != nil {
 		return unknown("schema-unknown", fmt.Errorf("reading the schema of %s: %w", gv, err))
 	}
-	missing, err := Undeclared(data, p)
+	missing, err := Unwritable(data, p)
 	if err != nil {
 		return unknown("schema-unknown", fmt.Errorf("reading the schema of %s: %w", gv, err))
 	}
@@ -120,16 +121,22 @@ type node struct {
 	AllOf      []*node          `json:"allOf"`
 	Properties map[string]*node `json:"properties"`
 	Preserve   bool             `json:"x-kubernetes-preserve-unknown-fields"`
+	Type       string           `json:"type"`
+	IntOrStr   bool             `json:"x-kubernetes-int-or-string"`
 	GVK        []struct {
 		Group, Version, Kind string
 	} `json:"x-kubernetes-group-version-kind"`
 }
 
-// Undeclared returns the paths of the kind's totals and ledger that the
+// Unwritable returns the paths of the kind's totals and ledger that the
 // OpenAPI v3 document data (one group-version's, as /openapi/v3 serves it)
-// does not declare. A field under an object that keeps unknown fields
-// (x-kubernetes-preserve-unknown-fields) is declared.
-func Undeclared(data []byte, p config.Parent) ([]string, error) {
+// does not declare, or declares with a type that does not take what tally
+// writes there (a total an integer, the ledger's lists arrays): those as
+// "status.restarts as an integer (it declares a string)". A field
+// under an object that keeps unknown fields
+// (x-kubernetes-preserve-unknown-fields) is declared, and takes anything, as
+// does a field without a type; an int-or-string takes an integer.
+func Unwritable(data []byte, p config.Parent) ([]string, error) {
 	var doc struct {
 		Components struct {
 			Schemas map[string]*node `json:"schemas"`
@@ -166,31 +173,65 @@ func Undeclared(data []byte, p config.Parent) ([]string, error) {
 		}
 		return n
 	}
-	declared := func(path []string) bool {
+	// unwritable returns what keeps a value of type want from path: "" when
+	// nothing.
+	unwritable := func(path []string, want string) string {
 		n := resolve(root)
 		for _, seg := range path {
 			if n == nil {
-				return false
+				break
 			}
 			next, ok := n.Properties[seg]
-			if !ok {
-				return n.Preserve
+			if !ok && n.Preserve {
+				return ""
 			}
 			n = resolve(next)
 		}
-		return n != nil
+		if n == nil {
+			return strings.Join(path, ".")
+		}
+		declared := n.Type
+		if n.IntOrStr {
+			declared = IntOrString
+		}
+		return Mistyped(strings.Join(path, "."), declared, want)
 	}
-	var missing []string
+	var out []string
 	for _, f := range p.Fields() {
-		if slices.Contains(config.Totals, f.Count) && !declared(f.Path) {
-			missing = append(missing, strings.Join(f.Path, "."))
+		if slices.Contains(config.Totals, f.Count) {
+			if problem := unwritable(f.Path, "integer"); problem != "" {
+				out = append(out, problem)
+			}
 		}
 	}
 	ledger := p.LedgerPath()
 	for _, list := range []string{"completed", "unexpected"} {
-		if path := append(slices.Clone(ledger), list); !declared(path) {
-			missing = append(missing, strings.Join(path, "."))
+		if problem := unwritable(append(slices.Clone(ledger), list), "array"); problem != "" {
+			out = append(out, problem)
 		}
 	}
-	return missing, nil
+	return out, nil
+}
+
+// IntOrString is the type Mistyped takes for a field with
+// x-kubernetes-int-or-string.
+const IntOrString = "int-or-string"
+
+// Mistyped returns what keeps a field at path, of the OpenAPI type
+// declared, from taking a value of type want ("integer" or "array"), as
+// "status.restarts as an integer (it declares a string)"; "" when it takes
+// it. A field without a type takes anything, a number or an int-or-string
+// an integer.
+func Mistyped(path, declared, want string) string {
+	if declared == "" || declared == want || (want == "integer" && (declared == "number" || declared == IntOrString)) {
+		return ""
+	}
+	return fmt.Sprintf("%s as %s %s (it declares %s %s)", path, article(want), want, article(declared), declared)
+}
+
+func article(word string) string {
+	if strings.ContainsRune("aeiou", rune(word[0])) {
+		return "an"
+	}
+	return "a"
 }

@@ -20,7 +20,7 @@ func doc(status string) []byte {
 }}}`)
 }
 
-func TestUndeclared(t *testing.T) {
+func TestUnwritable(t *testing.T) {
 	pool := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool",
 		Counts: map[config.Count]string{config.Completing: "status.completing", config.UnexpectedTotal: "status.restarts"}, Ledger: "status.ledger"}
 	full := `{"type":"object","properties":{"completing":{"type":"integer"},"restarts":{"type":"integer"},
@@ -37,17 +37,25 @@ func TestUndeclared(t *testing.T) {
 		{"the ledger keeps unknown fields", `{"type":"object","properties":{"restarts":{},"ledger":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}`, nil},
 		{"status by reference", `{"allOf":[{"$ref":"#/components/schemas/dev.tally.example.v1.Status"}]}`, nil},
 		{"no status", `null`, []string{"status.restarts", "status.ledger.completed", "status.ledger.unexpected"}},
+		{"a total declared as a string", `{"type":"object","properties":{"restarts":{"type":"string"},"ledger":{"type":"object","properties":{"completed":{"type":"array"},"unexpected":{"type":"array"}}}}}`,
+			[]string{"status.restarts as an integer (it declares a string)"}},
+		{"a ledger list declared as an object", `{"type":"object","properties":{"restarts":{"type":"integer"},"ledger":{"type":"object","properties":{"completed":{"type":"object"},"unexpected":{"type":"array"}}}}}`,
+			[]string{"status.ledger.completed as an array (it declares an object)"}},
+		{"a total declared as a number", `{"type":"object","properties":{"restarts":{"type":"number"},"ledger":{"type":"object","properties":{"completed":{"type":"array"},"unexpected":{"type":"array"}}}}}`, nil},
+		{"int-or-string: a total, not a ledger list", `{"type":"object","properties":{"restarts":{"x-kubernetes-int-or-string":true},"ledger":{"type":"object","properties":{"completed":{"type":"array"},"unexpected":{"x-kubernetes-int-or-string":true}}}}}`,
+			[]string{"status.ledger.unexpected as an array (it declares an int-or-string)"}},
+		{"a count's type is not the servable check's business", `{"type":"object","properties":{"completing":{"type":"string"},"restarts":{"type":"integer"},"ledger":{"type":"object","properties":{"completed":{"type":"array"},"unexpected":{"type":"array"}}}}}`, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := Undeclared(doc(tt.status), pool)
+			got, err := Unwritable(doc(tt.status), pool)
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, got)
 		})
 	}
 
-	_, err := Undeclared(doc(full), config.Parent{Group: "example.tally.dev", Version: "v2", Kind: "WorkerPool"})
+	_, err := Unwritable(doc(full), config.Parent{Group: "example.tally.dev", Version: "v2", Kind: "WorkerPool"})
 	assert.EqualError(t, err, "no schema for example.tally.dev/v2, Kind=WorkerPool")
-	_, err = Undeclared([]byte(`{"components":`), pool)
+	_, err = Unwritable([]byte(`{"components":`), pool)
 	assert.Error(t, err)
 }

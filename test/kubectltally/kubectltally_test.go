@@ -337,6 +337,18 @@ func TestExplainAndDoctor(t *testing.T) {
 				require.NoError(t, env.Client.Update(ctx, &crd))
 			}
 		}},
+		{"count declared as a string in the CRD", "parent kind WorkerPool.example.tally.dev", func(t *testing.T) func() {
+			var crd apiextensionsv1.CustomResourceDefinition
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: "workerpools.example.tally.dev"}, &crd))
+			good := crd.DeepCopy()
+			crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties["completing"] = apiextensionsv1.JSONSchemaProps{Type: "string"}
+			require.NoError(t, env.Client.Update(ctx, &crd))
+			return func() {
+				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: crd.Name}, &crd))
+				crd.Spec.Versions = good.Spec.Versions
+				require.NoError(t, env.Client.Update(ctx, &crd))
+			}
+		}},
 		{"pod finished long ago still held by the tracking finalizer", "tracking finalizers", func(t *testing.T) func() {
 			// Carrying the finalizer without tally's labels, it is no pod
 			// the aggregator watches: nothing releases it.

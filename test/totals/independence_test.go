@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -34,17 +35,28 @@ import (
 // a total. The first keeps its totals exactly all the same (every finished
 // pod is recorded, folded and released, none lost), with a Warning Event
 // on the parent that names the field; the second cannot keep totals, so
-// its pods never get the tracking finalizer, and its counts are written.
+// its pods never get the tracking finalizer, and its counts are written;
+// nor can a third, whose schema declares its total as a string. A fourth
+// kind's schema declares a count as a string: its totals are kept exactly
+// too.
 func TestTotalsNeverDependOnCounts(t *testing.T) {
 	ctx := context.Background()
 	installCRD(t, kindCRD("CountTypo", true, true))
 	installCRD(t, kindCRD("TotalTypo", true, true))
+	mistyped := kindCRD("TotalMistyped", true, true)
+	mistyped.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties["unexpectedTotal"] = apiextensionsv1.JSONSchemaProps{Type: "string"}
+	installCRD(t, mistyped)
+	countMistyped := kindCRD("CountMistyped", true, true)
+	countMistyped.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties["completing"] = apiextensionsv1.JSONSchemaProps{Type: "string"}
+	installCRD(t, countMistyped)
 	gvk := func(kind string) schema.GroupVersionKind {
 		return schema.GroupVersionKind{Group: strandGroup, Version: "v1", Kind: kind}
 	}
 	cfg := "parents:\n" +
 		"  - {group: " + strandGroup + ", version: v1, kind: CountTypo, ledger: status.tallyLedger, counts: {completing: status.completing, active: status.notInTheSchema.active, unexpectedTotal: status.unexpectedTotal}}\n" +
-		"  - {group: " + strandGroup + ", version: v1, kind: TotalTypo, ledger: status.tallyLedger, counts: {completing: status.completing, unexpectedTotal: status.notDeclaredTotal}}\n"
+		"  - {group: " + strandGroup + ", version: v1, kind: TotalTypo, ledger: status.tallyLedger, counts: {completing: status.completing, unexpectedTotal: status.notDeclaredTotal}}\n" +
+		"  - {group: " + strandGroup + ", version: v1, kind: TotalMistyped, ledger: status.tallyLedger, counts: {completing: status.completing, unexpectedTotal: status.unexpectedTotal}}\n" +
+		"  - {group: " + strandGroup + ", version: v1, kind: CountMistyped, ledger: status.tallyLedger, counts: {completing: status.completing, unexpectedTotal: status.unexpectedTotal}}\n"
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
 
@@ -58,18 +70,23 @@ func TestTotalsNeverDependOnCounts(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the webhook never tracked the kind whose totals are declared")
 
 	_, typo := createParent(t, gvk("CountTypo"), ns, "count-typo", 4)
+	_, stringCount := createParent(t, gvk("CountMistyped"), ns, "count-mistyped", 3)
 	_, untracked := createParent(t, gvk("TotalTypo"), ns, "total-typo", 3)
-	for _, p := range typo {
+	_, untypable := createParent(t, gvk("TotalMistyped"), ns, "total-mistyped", 3)
+	for _, p := range append(typo, stringCount...) {
 		require.Contains(t, p.Finalizers, keys.TrackingFinalizer, "a kind whose totals and ledger are declared is tracked: %s", p.Name)
 	}
 	for _, p := range untracked {
 		require.Empty(t, p.Finalizers, "a kind with a total its schema does not declare keeps no totals: %s", p.Name)
 	}
-	for _, p := range typo {
+	for _, p := range untypable {
+		require.Empty(t, p.Finalizers, "a kind with a total its schema declares as a string keeps no totals: %s", p.Name)
+	}
+	for _, p := range append(typo, stringCount...) {
 		require.NoError(t, finish(ctx, p, failed, false))
 		require.NoError(t, env.Client.Delete(ctx, p.DeepCopy()))
 	}
-	took := goneWithin(t, typo, 30*time.Second)
+	took := goneWithin(t, append(typo, stringCount...), 30*time.Second)
 	t.Logf("the finished pods of the kind with a count not in its schema gone %s after their deletion", took.Round(10*time.Millisecond))
 
 	read := func(kind, name string, path ...string) (int64, bool) {
@@ -84,9 +101,17 @@ func TestTotalsNeverDependOnCounts(t *testing.T) {
 		return n == 4
 	}, 15*time.Second, 100*time.Millisecond, "the totals of a kind whose counts the schema refuses lose its finished pods")
 	require.Eventually(t, func() bool {
+		n, _ := read("CountMistyped", "count-mistyped", "status", "unexpectedTotal")
+		return n == 3
+	}, 15*time.Second, 100*time.Millisecond, "the totals of a kind whose count the schema declares as a string lose its finished pods")
+	require.Eventually(t, func() bool {
 		n, found := read("TotalTypo", "total-typo", "status", "completing")
 		return found && n == 0
 	}, 15*time.Second, 100*time.Millisecond, "the counts of a kind whose totals the schema refuses are not written")
+	require.Eventually(t, func() bool {
+		n, found := read("TotalMistyped", "total-mistyped", "status", "completing")
+		return found && n == 0
+	}, 15*time.Second, 100*time.Millisecond, "the counts of a kind whose totals the schema types otherwise are not written")
 	require.Eventually(t, func() bool { return noted(t, ns, "StatusFieldNotInSchema", "status.notInTheSchema.active") }, 10*time.Second, 100*time.Millisecond,
 		"no Warning Event names the count the schema refuses")
 	assert.True(t, noted(t, ns, "StatusFieldNotInSchema", "the totals and the ledger are kept all the same"))

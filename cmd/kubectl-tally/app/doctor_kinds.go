@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -10,12 +11,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/servable"
 )
 
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // kindCheck checks that a parent kind is served, has a status subresource,
-// and (for a custom resource) declares every mapped field.
+// and (for a custom resource) declares every mapped field with a type that
+// takes what tally writes there.
 type kindCheck struct{ parent config.Parent }
 
 func (c kindCheck) name() string { return "parent kind " + c.parent.GroupKind().String() }
@@ -52,29 +55,40 @@ func (c kindCheck) run(ctx context.Context, d *doctor) Check {
 	if err != nil {
 		return fail(name, "", "reading CRD %s.%s: %v", resource, p.Group, err)
 	}
-	var missing []string
-	for _, f := range p.Fields() {
-		if !declared(crd, p.Version, f.Path) {
-			missing = append(missing, strings.Join(f.Path, "."))
+	var missing, mistyped []string
+	check := func(path []string, want string) {
+		declaredAs, ok := schemaType(crd, p.Version, path)
+		if !ok {
+			missing = append(missing, strings.Join(path, "."))
+		} else if problem := servable.Mistyped(strings.Join(path, "."), declaredAs, want); problem != "" {
+			mistyped = append(mistyped, problem)
 		}
+	}
+	for _, f := range p.Fields() {
+		check(f.Path, "integer")
 	}
 	if p.Tracked() {
 		for _, list := range []string{"completed", "unexpected"} {
-			if path := append(p.LedgerPath(), list); !declared(crd, p.Version, path) {
-				missing = append(missing, strings.Join(path, "."))
-			}
+			check(append(p.LedgerPath(), list), "array")
 		}
 	}
+	const fix = "declare them in the CRD's openAPIV3Schema for version %s (counts and totals as integers, the ledger's lists as arrays of strings), or unmap them"
 	if len(missing) > 0 {
-		return fail(name, "declare them in the CRD's openAPIV3Schema for version "+p.Version+" (counts and totals as integers, the ledger's lists as arrays of strings), or unmap them",
+		return fail(name, fmt.Sprintf(fix, p.Version),
 			"the CRD does not declare %s: the API server prunes what tally writes there", strings.Join(missing, ", "))
 	}
-	return ok(name, "%s served with a status subresource; the CRD declares every mapped field", resource)
+	if len(mistyped) > 0 {
+		return fail(name, fmt.Sprintf(fix, p.Version),
+			"the CRD does not declare %s: the API server refuses what tally writes there", strings.Join(mistyped, ", "))
+	}
+	return ok(name, "%s served with a status subresource; the CRD declares every mapped field with its type", resource)
 }
 
-// declared reports whether the CRD's schema for version declares path (or
-// keeps unknown fields on the way).
-func declared(crd *unstructured.Unstructured, version string, path []string) bool {
+// schemaType returns the type the CRD's schema for version declares at path,
+// and whether it declares path at all: empty where the schema takes any
+// value there (x-kubernetes-preserve-unknown-fields on the way, or no type),
+// servable.IntOrString for x-kubernetes-int-or-string.
+func schemaType(crd *unstructured.Unstructured, version string, path []string) (string, bool) {
 	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
 	for _, v := range versions {
 		vm, _ := v.(map[string]any)
@@ -84,16 +98,20 @@ func declared(crd *unstructured.Unstructured, version string, path []string) boo
 		schemaAt, _, _ := unstructured.NestedMap(vm, "schema", "openAPIV3Schema")
 		for _, step := range path {
 			if keep, _ := schemaAt["x-kubernetes-preserve-unknown-fields"].(bool); keep {
-				return true
+				return "", true
 			}
 			props, _ := schemaAt["properties"].(map[string]any)
 			next, found := props[step].(map[string]any)
 			if !found {
-				return false
+				return "", false
 			}
 			schemaAt = next
 		}
-		return true
+		if intOrString, _ := schemaAt["x-kubernetes-int-or-string"].(bool); intOrString {
+			return servable.IntOrString, true
+		}
+		t, _ := schemaAt["type"].(string)
+		return t, true
 	}
-	return false
+	return "", false
 }

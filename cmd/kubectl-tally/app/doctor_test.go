@@ -1,13 +1,17 @@
 package app
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
+
+	"tally.dev/tally/pkg/servable"
 )
 
 func TestFinishedAt(t *testing.T) {
@@ -56,5 +60,46 @@ func TestFinishedAt(t *testing.T) {
 			assert.Equal(t, tt.wantOK, ok)
 			assert.True(t, tt.want.Equal(got), "finished at %v, want %v", got, tt.want)
 		})
+	}
+}
+
+func TestSchemaType(t *testing.T) {
+	crd := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"versions": []any{
+		map[string]any{"name": "v1", "schema": map[string]any{"openAPIV3Schema": map[string]any{
+			"type": "object",
+			"properties": map[string]any{"status": map[string]any{
+				"type": "object",
+				"properties": map[string]any{
+					"completing": map[string]any{"type": "integer"},
+					"ready":      map[string]any{"type": "string"},
+					"ratio":      map[string]any{"type": "number"},
+					"either":     map[string]any{"x-kubernetes-int-or-string": true},
+					"ledger":     map[string]any{"type": "object", "properties": map[string]any{"completed": map[string]any{"type": "array"}}},
+					"free":       map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+				},
+			}},
+		}}},
+		map[string]any{"name": "v2", "schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object"}}},
+	}}}}
+	tests := []struct {
+		version, path, want string
+		declared            bool
+		accepted            bool
+	}{
+		{"v1", "status.completing", "integer", true, true},
+		{"v1", "status.ready", "integer", true, false},
+		{"v1", "status.ratio", "integer", true, true},
+		{"v1", "status.either", "integer", true, true},
+		{"v1", "status.ledger.completed", "array", true, true},
+		{"v1", "status.ledger.completed", "integer", true, false},
+		{"v1", "status.free.anything.below", "integer", true, true},
+		{"v1", "status.missing", "integer", false, false},
+		{"v2", "status.completing", "integer", false, false},
+		{"v3", "status.completing", "integer", false, false},
+	}
+	for _, tt := range tests {
+		declaredAs, ok := schemaType(crd, tt.version, strings.Split(tt.path, "."))
+		assert.Equal(t, tt.declared, ok, "%s %s declared", tt.version, tt.path)
+		assert.Equal(t, tt.accepted, ok && servable.Mistyped(tt.path, declaredAs, tt.want) == "", "%s %s (%q) takes %s", tt.version, tt.path, declaredAs, tt.want)
 	}
 }
