@@ -63,6 +63,12 @@ type at struct {
 	// labels (admitted while the webhook was down): the aggregator counts
 	// it within one --backfill-interval, not within viewBound.
 	unstamped bool
+	// cause is what made a truth: a pod's event, or a relist.
+	cause string
+}
+
+func (a at) String() string {
+	return fmt.Sprintf("%v@%d(%s, %s)", a.counts, a.rv, a.cause, a.seen.Format("15:04:05.000"))
 }
 
 // countsHistory records, as the API server ordered them, each pool's true
@@ -143,7 +149,7 @@ func watchCounts(t *testing.T, ns string, uids map[string]types.UID) *countsHist
 				} else {
 					pods[p.UID] = p
 				}
-				h.podChanged(rv(p), pods, ns, metav1.GetControllerOf(p))
+				h.podChanged(rv(p), string(ev.Type)+" "+p.Name, pods, ns, metav1.GetControllerOf(p))
 			})
 	})
 	poolClient := dyn.Resource(operator.GVK.GroupVersion().WithResource("workerpools")).Namespace(ns)
@@ -237,13 +243,15 @@ func (h *countsHistory) relisted(lastRV string, listRV int64, pods map[types.UID
 	list := podList(pods)
 	now := time.Now()
 	for uid := range h.names {
-		h.truths[uid] = append(h.truths[uid], truthOf(listRV, now, list, ns, uid))
+		tr := truthOf(listRV, now, list, ns, uid)
+		tr.cause = "relist"
+		h.truths[uid] = append(h.truths[uid], tr)
 	}
 }
 
 // podChanged records the truth of the pool that owns the pod that changed
 // at revision rev.
-func (h *countsHistory) podChanged(rev int64, pods map[types.UID]*corev1.Pod, ns string, owner *metav1.OwnerReference) {
+func (h *countsHistory) podChanged(rev int64, cause string, pods map[types.UID]*corev1.Pod, ns string, owner *metav1.OwnerReference) {
 	if owner == nil {
 		return
 	}
@@ -252,7 +260,9 @@ func (h *countsHistory) podChanged(rev int64, pods map[types.UID]*corev1.Pod, ns
 	if _, ok := h.names[owner.UID]; !ok {
 		return
 	}
-	h.truths[owner.UID] = append(h.truths[owner.UID], truthOf(rev, time.Now(), podList(pods), ns, owner.UID))
+	tr := truthOf(rev, time.Now(), podList(pods), ns, owner.UID)
+	tr.cause = cause
+	h.truths[owner.UID] = append(h.truths[owner.UID], tr)
 }
 
 // truthOf is the truth of the pool with UID uid at revision rev.
@@ -353,12 +363,9 @@ func (h *countsHistory) check() (violations []string, checked, unchecked int, la
 				lag = max(lag, w.seen.Sub(truths[matched+1].seen))
 			}
 			if matched < 0 {
-				var seen []counted
-				for _, tr := range truths[first:end] {
-					seen = append(seen, tr.counts)
-				}
 				violations = append(violations, fmt.Sprintf("%s: counts %v (completing, active, completed, unexpected) written at revision %d, seen at %s, "+
-					"never the truth in the %s before: it was %v", h.names[uid], w.counts, w.rv, w.seen.Format(time.StampMilli), viewBound, seen))
+					"never the truth in the %s before: it was %v; after it: %v; the pod watch's gaps: %v", h.names[uid], w.counts, w.rv, w.seen.Format(time.StampMilli), viewBound,
+					truths[first:end], truths[end:min(len(truths), end+8)], h.gaps))
 			}
 		}
 	}
