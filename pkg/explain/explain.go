@@ -74,6 +74,12 @@ type Field struct {
 	Expression string   `json:"expression,omitempty"`
 	Matching   []string `json:"matching,omitempty"`
 	Failed     []string `json:"failed,omitempty"`
+	// Kept reports, for a custom count, that the parent has pods tally has
+	// not stamped. Until they are, the aggregator does not count them, as
+	// for every count, or, once its sweep has read them, keeps the value
+	// the parent shows: it cannot evaluate the expression on the metadata
+	// the sweep read.
+	Kept bool `json:"kept,omitempty"`
 }
 
 // Equal reports whether the parent shows the fresh count.
@@ -170,7 +176,7 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		field := Field{Count: f.Count, Path: strings.Join(f.Path, "."), Tally: shown, Fresh: fresh[f.Count]}
 		if f.Custom {
 			field = custom[f.Index].field
-			field.Tally, field.Fresh = shown, int64(len(field.Matching))
+			field.Tally, field.Fresh, field.Kept = shown, int64(len(field.Matching)), len(r.Unstamped) > 0
 			slices.Sort(field.Matching)
 			slices.Sort(field.Failed)
 		}

@@ -133,6 +133,12 @@ func TestExplain(t *testing.T) {
 		assert.Equal(t, []string{"c: no such key: conditions"}, custom.Failed)
 		assert.Equal(t, int64(2), custom.Fresh)
 		assert.False(t, r.Equal, "status.ready shows 1, two pods match")
+		assert.False(t, custom.Kept)
+
+		r = Explain(parent(map[string]any{"active": int64(2), "ready": int64(1)}), withCustom, []corev1.Pod{pod("b", ready), pod("u", unstamped, ready)})
+		custom = r.Fields[len(r.Fields)-1]
+		assert.True(t, custom.Kept, "a pod the aggregator cannot evaluate: the value shown is kept")
+		assert.Equal(t, int64(2), custom.Fresh, "the fresh count includes it")
 	})
 	t.Run("field absent", func(t *testing.T) {
 		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1)}), parentKind, pods)

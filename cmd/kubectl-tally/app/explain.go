@@ -279,7 +279,8 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 }
 
 // writeCustom lists, for each custom count, the pods its expression
-// matches and those it fails on.
+// matches and those it fails on, and whether the aggregator keeps its
+// value while pods are unstamped.
 func writeCustom(out io.Writer, fields []explain.Field) {
 	for _, f := range fields {
 		if f.Expression == "" {
@@ -290,6 +291,10 @@ func writeCustom(out io.Writer, fields []explain.Field) {
 			fmt.Fprintln(out, "  matches no pod")
 		} else {
 			fmt.Fprintf(out, "  matches %d pod(s): %s\n", len(f.Matching), strings.Join(f.Matching, ", "))
+		}
+		if f.Kept {
+			fmt.Fprintln(out, "  pods of the parent are not stamped: until they are, the aggregator does not count them, or keeps\n"+
+				"  the value shown once its sweep has read them (it cannot evaluate the expression on their metadata)")
 		}
 		if len(f.Failed) > 0 {
 			fmt.Fprintf(out, "  fails on %d pod(s), which it does not count (guard a field a pod may lack with has()):\n", len(f.Failed))
