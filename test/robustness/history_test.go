@@ -21,11 +21,13 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/internal/truth"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/test/builder"
 	"tally.dev/tally/test/framework"
 )
 
@@ -86,6 +88,8 @@ type countsHistory struct {
 	// "too old resource version"): a write whose window holds one is not
 	// checked.
 	gaps [][2]int64
+	// podsAt is the revision the pod watch has delivered up to.
+	podsAt int64
 }
 
 func rv(obj metav1.Object) int64 {
@@ -144,6 +148,7 @@ func watchCounts(t *testing.T, ns string, uids map[string]types.UID) *countsHist
 				if !ok {
 					return
 				}
+				h.delivered(rv(p))
 				if ev.Type == watch.Deleted {
 					delete(pods, p.UID)
 				} else {
@@ -240,6 +245,7 @@ func (h *countsHistory) relisted(lastRV string, listRV int64, pods map[types.UID
 	if last, err := strconv.ParseInt(lastRV, 10, 64); err == nil {
 		h.gaps = append(h.gaps, [2]int64{last, listRV})
 	}
+	h.podsAt = max(h.podsAt, listRV)
 	list := podList(pods)
 	now := time.Now()
 	for uid := range h.names {
@@ -247,6 +253,37 @@ func (h *countsHistory) relisted(lastRV string, listRV int64, pods map[types.UID
 		tr.cause = "relist"
 		h.truths[uid] = append(h.truths[uid], tr)
 	}
+}
+
+// delivered records that the pod watch has delivered revision rev.
+func (h *countsHistory) delivered(rev int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.podsAt = max(h.podsAt, rev)
+}
+
+// caughtUp waits until the pod watch has delivered every change to the
+// namespace's pods made so far, so that check sees each truth the writes
+// were taken from: it creates a pod that no pool owns and waits for the
+// watch to deliver it.
+func (h *countsHistory) caughtUp(ctx context.Context, ns string) error {
+	barrier := builder.Pod(ns, "history-barrier").Build()
+	if err := env.Client.Create(ctx, barrier); err != nil {
+		return fmt.Errorf("creating the history's barrier pod: %w", err)
+	}
+	defer func() { _ = env.Client.Delete(context.WithoutCancel(ctx), barrier, client.GracePeriodSeconds(0)) }()
+	want := rv(barrier)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		h.mu.Lock()
+		at := h.podsAt
+		h.mu.Unlock()
+		if at >= want {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("the history's pod watch did not deliver revision %d within 30 s", want)
 }
 
 // podChanged records the truth of the pool that owns the pod that changed

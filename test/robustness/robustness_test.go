@@ -689,6 +689,7 @@ func (r *run) check(t *testing.T) {
 	transitions := int(ptr.Deref(lease.Spec.LeaseTransitions, 0))
 	assert.LessOrEqual(t, transitions, disruptive, "the lease changed hands more often than a fault could make it: only a holder gone or stalled loses it")
 	t.Logf("the lease changed hands %d times over %d faults that could move it", transitions, disruptive)
+	require.NoError(t, r.counts.caughtUp(ctx, r.ns))
 	violations, checked, unchecked, lag := r.counts.check()
 	assert.Empty(t, violations, "counts written from a view that was not whole and recent")
 	t.Logf("%d counts writes checked against the truth of the %s before each, %d not (a relist or an unstamped pod in their window); "+
