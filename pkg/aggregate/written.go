@@ -7,8 +7,8 @@ import (
 )
 
 // maxStale bounds the versions remembered per parent as older than its last
-// write: past it, the oldest is forgotten, and a cache showing it is read
-// as if nothing were remembered (an apply from it meets a 409 Conflict, and
+// write: past it, the one seen longest ago is forgotten, and a cache showing
+// it is read as if nothing were remembered (an apply from it meets a 409 Conflict, and
 // the parent is counted again on the parent read from the API server).
 const maxStale = 8
 
@@ -56,12 +56,16 @@ func (w *written) wrote(parent parentKey, cached, from, to string, now time.Time
 	defer w.mu.Unlock()
 	e := w.parents[parent]
 	for _, rv := range []string{e.last, cached, from} {
-		if rv != "" && rv != to && !slices.Contains(e.stale, rv) {
-			if len(e.stale) == maxStale {
-				e.stale = slices.Delete(e.stale, 0, 1)
-			}
-			e.stale = append(e.stale, rv)
+		if rv == "" || rv == to {
+			continue
 		}
+		// Seen again, it goes last: the version a stuck cache shows is
+		// seen at every write, and is forgotten last.
+		e.stale = slices.DeleteFunc(e.stale, func(s string) bool { return s == rv })
+		if len(e.stale) == maxStale {
+			e.stale = slices.Delete(e.stale, 0, 1)
+		}
+		e.stale = append(e.stale, rv)
 	}
 	e.last, e.at = to, now
 	w.parents[parent] = e

@@ -73,7 +73,15 @@ func TestWrittenBounded(t *testing.T) {
 	assert.True(t, w.behind(pool, "1", now), "the version the cache showed at every write is kept")
 	assert.False(t, w.behind(pool, "2", now), "an old version is forgotten past maxStale")
 	assert.True(t, w.behind(pool, fmt.Sprint(3*maxStale), now), "and the newer ones are still known")
+
+	// The cache stuck at 100 while another writer writes between this
+	// replica's writes: 100 is seen at every write, and never forgotten.
+	w = newWritten()
+	for v := 200; v < 200+3*maxStale; v += 3 {
+		w.wrote(pool, "100", fmt.Sprint(v), fmt.Sprint(v+1), now)
+	}
+	assert.True(t, w.behind(pool, "100", now), "the stuck cache's version is kept")
 	w.forget(pool)
-	assert.False(t, w.behind(pool, "1", now), "forgotten")
+	assert.False(t, w.behind(pool, "100", now), "forgotten")
 	assert.Empty(t, w.parents)
 }
