@@ -46,7 +46,7 @@ var (
 	}, []string{"kind", "count"})
 	kindProblems = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tally_aggregator_parent_kind_problems",
-		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, cluster-scoped, no-status-subresource, resource-mismatch, field-not-in-schema: a mapped count, totals-not-in-schema: a mapped total or the ledger, status-not-found).",
+		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, cluster-scoped, no-status-subresource, resource-mismatch, field-not-in-schema: a mapped count, totals-not-in-schema: a mapped total or the ledger not declared, or declared with a type that refuses what tally writes, status-not-found).",
 	}, []string{"kind", "problem"})
 	podsStamped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tally_aggregator_backfill_stamped_pods_total",

@@ -120,22 +120,37 @@ type node struct {
 	Ref        string           `json:"$ref"`
 	AllOf      []*node          `json:"allOf"`
 	Properties map[string]*node `json:"properties"`
-	Preserve   bool             `json:"x-kubernetes-preserve-unknown-fields"`
-	Type       string           `json:"type"`
-	IntOrStr   bool             `json:"x-kubernetes-int-or-string"`
+	// Additional is additionalProperties: the schema of a map's values
+	// (JSON true or false, which a structural schema does not use, read
+	// as none).
+	Additional json.RawMessage `json:"additionalProperties"`
+	Items      *node           `json:"items"`
+	Preserve   bool            `json:"x-kubernetes-preserve-unknown-fields"`
+	Type       string          `json:"type"`
+	IntOrStr   bool            `json:"x-kubernetes-int-or-string"`
 	GVK        []struct {
 		Group, Version, Kind string
 	} `json:"x-kubernetes-group-version-kind"`
 }
 
+// values returns the schema of a map's values, or nil.
+func (n *node) values() *node {
+	var v *node
+	if len(n.Additional) == 0 || n.Additional[0] != '{' || json.Unmarshal(n.Additional, &v) != nil {
+		return nil
+	}
+	return v
+}
+
 // Unwritable returns the paths of the kind's totals and ledger that the
 // OpenAPI v3 document data (one group-version's, as /openapi/v3 serves it)
 // does not declare, or declares with a type that does not take what tally
-// writes there (a total an integer, the ledger's lists arrays): those as
-// "status.restarts as an integer (it declares a string)". A field
-// under an object that keeps unknown fields
-// (x-kubernetes-preserve-unknown-fields) is declared, and takes anything, as
-// does a field without a type; an int-or-string takes an integer.
+// writes there (a total an integer, the ledger's lists arrays of strings):
+// those as "status.restarts as an integer (it declares a string)". A field
+// a map declares (additionalProperties) is declared; so is one the schema
+// does not name under an object that keeps unknown fields
+// (x-kubernetes-preserve-unknown-fields), and it takes anything, as does a
+// field without a type (Mistyped).
 func Unwritable(data []byte, p config.Parent) ([]string, error) {
 	var doc struct {
 		Components struct {
@@ -165,7 +180,9 @@ func Unwritable(data []byte, p config.Parent) ([]string, error) {
 				return nil
 			case n.Ref != "":
 				n = schemas[strings.TrimPrefix(n.Ref, "#/components/schemas/")]
-			case len(n.AllOf) == 1 && n.Properties == nil:
+			case len(n.AllOf) == 1 && n.AllOf[0].Ref != "" && n.Properties == nil && n.Type == "" && !n.Preserve:
+				// A reference with a description beside it, as the API
+				// server publishes one; an allOf of constraints is not.
 				n = n.AllOf[0]
 			default:
 				return n
@@ -182,7 +199,11 @@ func Unwritable(data []byte, p config.Parent) ([]string, error) {
 				break
 			}
 			next, ok := n.Properties[seg]
-			if !ok && n.Preserve {
+			switch {
+			case ok:
+			case n.values() != nil:
+				next = n.values()
+			case n.Preserve:
 				return ""
 			}
 			n = resolve(next)
@@ -190,43 +211,61 @@ func Unwritable(data []byte, p config.Parent) ([]string, error) {
 		if n == nil {
 			return strings.Join(path, ".")
 		}
-		declared := n.Type
-		if n.IntOrStr {
-			declared = IntOrString
-		}
-		return Mistyped(strings.Join(path, "."), declared, want)
+		return Mistyped(strings.Join(path, "."), typeOf(n, resolve), want)
 	}
 	var out []string
 	for _, f := range p.Fields() {
 		if slices.Contains(config.Totals, f.Count) {
-			if problem := unwritable(f.Path, "integer"); problem != "" {
+			if problem := unwritable(f.Path, Integer); problem != "" {
 				out = append(out, problem)
 			}
 		}
 	}
 	ledger := p.LedgerPath()
 	for _, list := range []string{"completed", "unexpected"} {
-		if problem := unwritable(append(slices.Clone(ledger), list), "array"); problem != "" {
+		if problem := unwritable(append(slices.Clone(ledger), list), Strings); problem != "" {
 			out = append(out, problem)
 		}
 	}
 	return out, nil
 }
 
-// IntOrString is the type Mistyped takes for a field with
-// x-kubernetes-int-or-string.
-const IntOrString = "int-or-string"
+// The types Mistyped is given: OpenAPI's, with an array's items after "of"
+// when they are typed, and IntOrString for x-kubernetes-int-or-string.
+const (
+	Integer     = "integer"
+	Strings     = "array of string"
+	IntOrString = "int-or-string"
+)
 
-// Mistyped returns what keeps a field at path, of the OpenAPI type
-// declared, from taking a value of type want ("integer" or "array"), as
-// "status.restarts as an integer (it declares a string)"; "" when it takes
-// it. A field without a type takes anything, a number or an int-or-string
-// an integer.
+// typeOf returns n's type as Mistyped takes it.
+func typeOf(n *node, resolve func(*node) *node) string {
+	switch {
+	case n.IntOrStr:
+		return IntOrString
+	case n.Type == "array":
+		if items := resolve(n.Items); items != nil && (items.Type != "" || items.IntOrStr) {
+			return "array of " + typeOf(items, resolve)
+		}
+	}
+	return n.Type
+}
+
+// Mistyped returns what keeps a field at path, of the type declared, from
+// taking a value of type want (Integer or Strings), as "status.restarts as
+// an integer (it declares a string)"; "" when it takes it. A field without
+// a type takes anything, a number or an int-or-string an integer, an array
+// whose items have no type or are int-or-strings a list of strings.
 func Mistyped(path, declared, want string) string {
-	if declared == "" || declared == want || (want == "integer" && (declared == "number" || declared == IntOrString)) {
+	takes := map[string][]string{
+		Integer: {"", Integer, "number", IntOrString},
+		Strings: {"", Strings, "array", "array of " + IntOrString},
+	}
+	if slices.Contains(takes[want], declared) {
 		return ""
 	}
-	return fmt.Sprintf("%s as %s %s (it declares %s %s)", path, article(want), want, article(declared), declared)
+	wanted := map[string]string{Integer: "an integer", Strings: "an array of strings"}[want]
+	return fmt.Sprintf("%s as %s (it declares %s %s)", path, wanted, article(declared), declared)
 }
 
 func article(word string) string {

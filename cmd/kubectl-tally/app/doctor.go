@@ -37,7 +37,7 @@ func newDoctorCommand(o *options) *cobra.Command {
 		Short: "Check a tally installation end to end, with a fix for each problem",
 		Long: `Check a tally installation end to end: its configuration, the webhook's registration, certificate and
 endpoints, the aggregator's lease, each parent kind (served, status subresource, every mapped field in the
-CRD's schema), finished pods held by the tracking finalizer, the admission policies, and the permissions of
+CRD's schema with a type that takes what tally writes), finished pods held by the tracking finalizer, the admission policies, and the permissions of
 both service accounts.`,
 		Example: `  kubectl tally doctor
   kubectl tally doctor --release tally --tally-namespace tally-system -o json`,

@@ -65,29 +65,32 @@ func (c kindCheck) run(ctx context.Context, d *doctor) Check {
 		}
 	}
 	for _, f := range p.Fields() {
-		check(f.Path, "integer")
+		check(f.Path, servable.Integer)
 	}
 	if p.Tracked() {
 		for _, list := range []string{"completed", "unexpected"} {
-			check(append(p.LedgerPath(), list), "array")
+			check(append(p.LedgerPath(), list), servable.Strings)
 		}
 	}
-	const fix = "declare them in the CRD's openAPIV3Schema for version %s (counts and totals as integers, the ledger's lists as arrays of strings), or unmap them"
+	var problems []string
 	if len(missing) > 0 {
-		return fail(name, fmt.Sprintf(fix, p.Version),
-			"the CRD does not declare %s: the API server prunes what tally writes there", strings.Join(missing, ", "))
+		problems = append(problems, fmt.Sprintf("the CRD does not declare %s: the API server prunes what tally writes there", strings.Join(missing, ", ")))
 	}
 	if len(mistyped) > 0 {
-		return fail(name, fmt.Sprintf(fix, p.Version),
-			"the CRD does not declare %s: the API server refuses what tally writes there", strings.Join(mistyped, ", "))
+		problems = append(problems, fmt.Sprintf("the CRD does not declare %s: the API server refuses what tally writes there", strings.Join(mistyped, ", ")))
+	}
+	if len(problems) > 0 {
+		return fail(name, "declare them in the CRD's openAPIV3Schema for version "+p.Version+" (counts and totals as integers, the ledger's lists as arrays of strings), or unmap them",
+			"%s", strings.Join(problems, "; "))
 	}
 	return ok(name, "%s served with a status subresource; the CRD declares every mapped field with its type", resource)
 }
 
-// schemaType returns the type the CRD's schema for version declares at path,
-// and whether it declares path at all: empty where the schema takes any
-// value there (x-kubernetes-preserve-unknown-fields on the way, or no type),
-// servable.IntOrString for x-kubernetes-int-or-string.
+// schemaType returns the type the CRD's schema for version declares at
+// path, as servable.Mistyped takes it, and whether it declares path at all.
+// A field a map declares (additionalProperties) is declared; so is one the
+// schema does not name under an object that keeps unknown fields
+// (x-kubernetes-preserve-unknown-fields), with no type: it takes anything.
 func schemaType(crd *unstructured.Unstructured, version string, path []string) (string, bool) {
 	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
 	for _, v := range versions {
@@ -97,21 +100,33 @@ func schemaType(crd *unstructured.Unstructured, version string, path []string) (
 		}
 		schemaAt, _, _ := unstructured.NestedMap(vm, "schema", "openAPIV3Schema")
 		for _, step := range path {
-			if keep, _ := schemaAt["x-kubernetes-preserve-unknown-fields"].(bool); keep {
-				return "", true
-			}
 			props, _ := schemaAt["properties"].(map[string]any)
 			next, found := props[step].(map[string]any)
 			if !found {
-				return "", false
+				next, found = schemaAt["additionalProperties"].(map[string]any)
+			}
+			if !found {
+				keep, _ := schemaAt["x-kubernetes-preserve-unknown-fields"].(bool)
+				return "", keep
 			}
 			schemaAt = next
 		}
-		if intOrString, _ := schemaAt["x-kubernetes-int-or-string"].(bool); intOrString {
-			return servable.IntOrString, true
-		}
-		t, _ := schemaAt["type"].(string)
-		return t, true
+		return typeOf(schemaAt), true
 	}
 	return "", false
+}
+
+// typeOf returns the type a CRD schema node declares, as servable.Mistyped
+// takes it.
+func typeOf(schema map[string]any) string {
+	if intOrString, _ := schema["x-kubernetes-int-or-string"].(bool); intOrString {
+		return servable.IntOrString
+	}
+	t, _ := schema["type"].(string)
+	if items, ok := schema["items"].(map[string]any); ok && t == "array" {
+		if of := typeOf(items); of != "" {
+			return "array of " + of
+		}
+	}
+	return t
 }
