@@ -43,7 +43,8 @@ type Report struct {
 	// ownerReference carrying its UID), by name.
 	Pods []Pod `json:"pods"`
 	// Unstamped names the parent's pods without tally's parent-uid label:
-	// the fresh count includes them, tally's not until they are stamped.
+	// the fresh count includes them; tally's built-in counts do once its
+	// sweep has read them, and its custom counts wait (WaitsOnUnstamped).
 	Unstamped []string `json:"unstamped,omitempty"`
 	// NotCounted are pods labelled for the parent that are not its pods.
 	NotCounted []NotCounted `json:"notCounted,omitempty"`
@@ -74,12 +75,12 @@ type Field struct {
 	Expression string   `json:"expression,omitempty"`
 	Matching   []string `json:"matching,omitempty"`
 	Failed     []string `json:"failed,omitempty"`
-	// Kept reports, for a custom count, that the parent has pods tally has
-	// not stamped. Until they are, the aggregator does not count them, as
-	// for every count, or, once its sweep has read them, keeps the value
-	// the parent shows: it cannot evaluate the expression on the metadata
-	// the sweep read.
-	Kept bool `json:"kept,omitempty"`
+	// WaitsOnUnstamped reports, for a custom count, that the parent has
+	// pods tally has not stamped. While they are unstamped, the aggregator
+	// does not count them, as for every count, or, once its sweep has read
+	// them, keeps the value the parent shows: it cannot evaluate the
+	// expression on the metadata the sweep read.
+	WaitsOnUnstamped bool `json:"waitsOnUnstamped,omitempty"`
 }
 
 // Equal reports whether the parent shows the fresh count.
@@ -176,7 +177,7 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		field := Field{Count: f.Count, Path: strings.Join(f.Path, "."), Tally: shown, Fresh: fresh[f.Count]}
 		if f.Custom {
 			field = custom[f.Index].field
-			field.Tally, field.Fresh, field.Kept = shown, int64(len(field.Matching)), len(r.Unstamped) > 0
+			field.Tally, field.Fresh, field.WaitsOnUnstamped = shown, int64(len(field.Matching)), len(r.Unstamped) > 0
 			slices.Sort(field.Matching)
 			slices.Sort(field.Failed)
 		}

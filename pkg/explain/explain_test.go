@@ -133,11 +133,11 @@ func TestExplain(t *testing.T) {
 		assert.Equal(t, []string{"c: no such key: conditions"}, custom.Failed)
 		assert.Equal(t, int64(2), custom.Fresh)
 		assert.False(t, r.Equal, "status.ready shows 1, two pods match")
-		assert.False(t, custom.Kept)
+		assert.False(t, custom.WaitsOnUnstamped)
 
 		r = Explain(parent(map[string]any{"active": int64(2), "ready": int64(1)}), withCustom, []corev1.Pod{pod("b", ready), pod("u", unstamped, ready)})
 		custom = r.Fields[len(r.Fields)-1]
-		assert.True(t, custom.Kept, "a pod the aggregator cannot evaluate: the value shown is kept")
+		assert.True(t, custom.WaitsOnUnstamped, "a pod the aggregator cannot evaluate")
 		assert.Equal(t, int64(2), custom.Fresh, "the fresh count includes it")
 	})
 	t.Run("field absent", func(t *testing.T) {

@@ -269,7 +269,7 @@ func Mistyped(path, declared, want string) string {
 }
 
 func article(word string) string {
-	if strings.ContainsRune("aeiou", rune(word[0])) {
+	if word != "" && strings.ContainsRune("aeiou", rune(word[0])) {
 		return "an"
 	}
 	return "a"

@@ -268,7 +268,8 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 	fmt.Fprintf(out, "Verdict: DIFFERS. %s.\n", strings.Join(differ, "; "))
 	if len(r.Unstamped) > 0 {
 		fmt.Fprintf(out, "  %d pod(s) of the parent are not stamped yet (%s): the aggregator's sweep stamps them at its next pass\n"+
-			"  (--backfill-interval); until then the fresh count includes them and tally's does not.\n", len(r.Unstamped), strings.Join(r.Unstamped, ", "))
+			"  (--backfill-interval); until then the fresh count includes them, and tally's built-in counts only once\n"+
+			"  the sweep has read them.\n", len(r.Unstamped), strings.Join(r.Unstamped, ", "))
 	}
 	if r.LastWrite != nil {
 		fmt.Fprintf(out, "  tally last applied this status %s ago. A difference that lasts more than a few seconds means\n"+
@@ -292,8 +293,8 @@ func writeCustom(out io.Writer, fields []explain.Field) {
 		} else {
 			fmt.Fprintf(out, "  matches %d pod(s): %s\n", len(f.Matching), strings.Join(f.Matching, ", "))
 		}
-		if f.Kept {
-			fmt.Fprintln(out, "  pods of the parent are not stamped: until they are, the aggregator does not count them, or keeps\n"+
+		if f.WaitsOnUnstamped {
+			fmt.Fprintln(out, "  pods of the parent are not stamped: while they are not, the aggregator does not count them, or keeps\n"+
 				"  the value shown once its sweep has read them (it cannot evaluate the expression on their metadata)")
 		}
 		if len(f.Failed) > 0 {
