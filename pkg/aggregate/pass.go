@@ -11,7 +11,8 @@ import (
 // reconcile of its parent and the one more run on the parent read from the
 // API server: the pod view's epoch its counts were taken in, the version
 // of the parent the cache showed, the pods whose finalizer it released, and
-// whether an apply met a newer parent than it read. Outside a Reconcile there is none, and a nil pass tells nothing.
+// whether an apply met a newer parent than it read. Outside a Reconcile
+// there is none, and a nil pass tells nothing.
 type pass struct {
 	epoch uint64
 

@@ -48,7 +48,7 @@ type Reconciler struct {
 	queue atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
 	Deps
 	// The kind's counters, resolved once.
-	reconciledTotal, applied, skipped, failed, conflicts, cacheBehind, fenced prometheus.Counter
+	reconciledTotal, applied, skipped, failed, conflicts, liveReads, fenced prometheus.Counter
 }
 
 // Deps are what a Reconciler reads from and writes to.
@@ -118,7 +118,7 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 		releases: newReleases(), written: newWritten(), Deps: deps,
 		reconciledTotal: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
-		conflicts: applyConflicts.WithLabelValues(kind), cacheBehind: parentLiveReads.WithLabelValues(kind), fenced: appliesFenced.WithLabelValues(kind),
+		conflicts: applyConflicts.WithLabelValues(kind), liveReads: parentLiveReads.WithLabelValues(kind), fenced: appliesFenced.WithLabelValues(kind),
 	}
 }
 
@@ -229,7 +229,7 @@ func (r *Reconciler) readParent(ctx context.Context, key parentKey, live bool) (
 		if r.Live == nil || !r.written.behind(key, rv, time.Now()) {
 			return parent, nil
 		}
-		r.cacheBehind.Inc()
+		r.liveReads.Inc()
 	}
 	if err := r.Live.Get(ctx, key.name, parent); err != nil {
 		return nil, err

@@ -1,10 +1,10 @@
 // Package servable decides whether the API server serves a parent kind the
 // way tally needs it: namespaced, with a status subresource, and, for a kind
 // with cumulative totals, a served schema that declares the ledger and every
-// mapped total, with types that take what tally writes there. The webhook and the aggregator run the same checks, so that
-// the webhook gives the tracking finalizer only to pods whose kind the
-// aggregator can record, and the aggregator releases the pods of a kind it
-// cannot.
+// mapped total, with types that take what tally writes there. The webhook
+// and the aggregator run the same checks, so that the webhook gives the
+// tracking finalizer only to pods whose kind the aggregator can record, and
+// the aggregator releases the pods of a kind it cannot.
 package servable
 
 import (
@@ -79,8 +79,8 @@ func (c *Checker) Kind(p config.Parent) *Problem {
 
 // Totals confirms that the kind is served (Kind) and that, when it maps a
 // total, the schema the API server serves for its version declares the
-// ledger (with its lists completed and unexpected, arrays) and every mapped
-// total (an integer): the API server would drop what it does not declare,
+// ledger (with its lists completed and unexpected, arrays of strings) and
+// every mapped total (an integer): the API server would drop what it does not declare,
 // and refuse what its type does not take.
 func (c *Checker) Totals(p config.Parent) *Problem {
 	if problem := c.Kind(p); problem != nil || !p.Tracked() {
@@ -199,12 +199,10 @@ func Unwritable(data []byte, p config.Parent) ([]string, error) {
 				break
 			}
 			next, ok := n.Properties[seg]
-			switch {
-			case ok:
-			case n.values() != nil:
-				next = n.values()
-			case n.Preserve:
-				return ""
+			if !ok {
+				if next = n.values(); next == nil && n.Preserve {
+					return ""
+				}
 			}
 			n = resolve(next)
 		}
@@ -257,16 +255,21 @@ func typeOf(n *node, resolve func(*node) *node) string {
 // a type takes anything, a number or an int-or-string an integer, an array
 // whose items have no type or are int-or-strings a list of strings.
 func Mistyped(path, declared, want string) string {
-	takes := map[string][]string{
-		Integer: {"", Integer, "number", IntOrString},
-		Strings: {"", Strings, "array", "array of " + IntOrString},
-	}
 	if slices.Contains(takes[want], declared) {
 		return ""
 	}
-	wanted := map[string]string{Integer: "an integer", Strings: "an array of strings"}[want]
-	return fmt.Sprintf("%s as %s (it declares %s %s)", path, wanted, article(declared), declared)
+	return fmt.Sprintf("%s as %s (it declares %s %s)", path, wanted[want], article(declared), declared)
 }
+
+// takes lists, for each type Mistyped is asked for, the declared types that
+// take it; wanted names it in a message.
+var (
+	takes = map[string][]string{
+		Integer: {"", Integer, "number", IntOrString},
+		Strings: {"", Strings, "array", "array of " + IntOrString},
+	}
+	wanted = map[string]string{Integer: "an integer", Strings: "an array of strings"}
+)
 
 func article(word string) string {
 	if word != "" && strings.ContainsRune("aeiou", rune(word[0])) {

@@ -148,7 +148,6 @@ func watchCounts(t *testing.T, ns string, uids map[string]types.UID) *countsHist
 				if !ok {
 					return
 				}
-				h.delivered(rv(p))
 				if ev.Type == watch.Deleted {
 					delete(pods, p.UID)
 				} else {
@@ -255,13 +254,6 @@ func (h *countsHistory) relisted(lastRV string, listRV int64, pods map[types.UID
 	}
 }
 
-// delivered records that the pod watch has delivered revision rev.
-func (h *countsHistory) delivered(rev int64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.podsAt = max(h.podsAt, rev)
-}
-
 // caughtUp waits until the pod watch has delivered every change to the
 // namespace's pods made so far, so that check sees each truth the writes
 // were taken from: it creates a pod that no pool owns and waits for the
@@ -286,14 +278,15 @@ func (h *countsHistory) caughtUp(ctx context.Context, ns string) error {
 	return fmt.Errorf("the history's pod watch did not deliver revision %d within 30 s", want)
 }
 
-// podChanged records the truth of the pool that owns the pod that changed
-// at revision rev.
+// podChanged records that the pod watch has delivered revision rev, and
+// the truth of the pool that owns the pod that changed then.
 func (h *countsHistory) podChanged(rev int64, cause string, pods map[types.UID]*corev1.Pod, ns string, owner *metav1.OwnerReference) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.podsAt = max(h.podsAt, rev)
 	if owner == nil {
 		return
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if _, ok := h.names[owner.UID]; !ok {
 		return
 	}
