@@ -15,19 +15,22 @@ import (
 // WatchBreaker fails the pod list and watch requests (those of Path, when
 // set: another resource's) of the transports it wraps while broken, and
 // ends the watches open when it breaks: the pod watch broken while the API
-// server answers everything else. With expire,
-// a watch resumed from a resourceVersion is answered 410 Gone (the version
-// is too old, as after a long enough cut), so the reflector relists; with
+// server answers everything else. With expire, until a relist is
+// answered, a watch resumed from a resourceVersion is answered 410 Gone
+// (the version is too old, as after a long enough cut), so the reflector
+// relists; with
 // delay, a relist (a LIST, or a watch-list stream) is answered at once but
-// its body comes delay later.
+// its body comes delay later; with resumeDelay, a watch resumed from a
+// resourceVersion is answered at once, its replay resumeDelay later.
 type WatchBreaker struct {
 	// Path is the resource's path; the pods' when empty.
-	Path    string
-	mu      sync.Mutex
-	broken  bool
-	expire  bool
-	delay   time.Duration
-	watches []io.Closer
+	Path        string
+	mu          sync.Mutex
+	broken      bool
+	expire      bool
+	delay       time.Duration
+	resumeDelay time.Duration
+	watches     []*endableBody
 	// throttled answers the pod list and watch 429 with Retry-After, as API
 	// Priority and Fairness does; answered records when one was answered
 	// 200 after that.
@@ -43,11 +46,13 @@ func (b *WatchBreaker) Wrap(cfg *rest.Config) {
 				return rt.RoundTrip(req)
 			}
 			b.mu.Lock()
-			broken, expire, delay, throttled := b.broken, b.expire, b.delay, b.throttled
+			broken, expire, delay, resumeDelay, throttled := b.broken, b.expire, b.delay, b.resumeDelay, b.throttled
 			b.mu.Unlock()
 			q := req.URL.Query()
 			watching := q.Get("watch") == "true"
-			relist := !watching || q.Get("sendInitialEvents") == "true"
+			// A LIST of at most one pod (a consistent read of the current
+			// resourceVersion) is no relist.
+			relist := (!watching && q.Get("limit") != "1") || q.Get("sendInitialEvents") == "true"
 			switch {
 			case broken:
 				return nil, errors.New("pod watch broken by the test")
@@ -64,13 +69,23 @@ func (b *WatchBreaker) Wrap(cfg *rest.Config) {
 			if b.answered.IsZero() && resp.StatusCode == http.StatusOK {
 				b.answered = time.Now()
 			}
+			if relist && resp.StatusCode == http.StatusOK {
+				// The versions it brings are new: resumed watches expire
+				// no more.
+				b.expire = false
+			}
 			b.mu.Unlock()
-			if relist && delay > 0 {
-				resp.Body = &delayedBody{ReadCloser: resp.Body, until: time.Now().Add(delay)}
+			switch {
+			case relist && delay > 0:
+				resp.Body = newDelayedBody(resp.Body, delay)
+			case watching && !relist && resumeDelay > 0:
+				resp.Body = newDelayedBody(resp.Body, resumeDelay)
 			}
 			if watching {
+				body := &endableBody{ReadCloser: resp.Body}
+				resp.Body = body
 				b.mu.Lock()
-				b.watches = append(b.watches, resp.Body)
+				b.watches = append(b.watches, body)
 				b.mu.Unlock()
 			}
 			return resp, err
@@ -110,11 +125,33 @@ func (b *WatchBreaker) FirstAnswer() time.Time {
 }
 
 // SlowRelists makes the next relists come delay after their headers, and
-// resumed watches expire; a delay of 0 ends both.
+// resumed watches expire until a relist is answered; a delay of 0 ends
+// both.
 func (b *WatchBreaker) SlowRelists(delay time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.expire, b.delay = delay > 0, delay
+}
+
+// SlowResumes makes the next watches resumed from a resourceVersion come
+// delay after their headers (a loaded API server, a large replay, a
+// starved client); a delay of 0 ends it.
+func (b *WatchBreaker) SlowResumes(delay time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.resumeDelay = delay
+}
+
+// EndWatches ends the watches open as the API server ends a watch: the
+// stream ends cleanly, and the client resumes each from its last
+// resourceVersion.
+func (b *WatchBreaker) EndWatches() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, w := range b.watches {
+		w.end(true)
+	}
+	b.watches = nil
 }
 
 // expired is the API server's answer to a watch from a resourceVersion it no
@@ -140,25 +177,65 @@ func tooMany(req *http.Request) *http.Response {
 	}
 }
 
-// delayedBody holds its first read until until.
+// delayedBody holds its first read until until, or until it is closed.
 type delayedBody struct {
 	io.ReadCloser
-	until time.Time
+	until  time.Time
+	once   sync.Once
+	closed chan struct{}
+}
+
+func newDelayedBody(body io.ReadCloser, delay time.Duration) *delayedBody {
+	return &delayedBody{ReadCloser: body, until: time.Now().Add(delay), closed: make(chan struct{})}
 }
 
 func (d *delayedBody) Read(p []byte) (int, error) {
-	time.Sleep(time.Until(d.until))
+	select {
+	case <-time.After(time.Until(d.until)):
+	case <-d.closed:
+	}
 	return d.ReadCloser.Read(p)
+}
+
+func (d *delayedBody) Close() error {
+	d.once.Do(func() { close(d.closed) })
+	return d.ReadCloser.Close()
 }
 
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// endWatches ends the watches open. Called with b.mu held.
+// endWatches ends the watches open, as a broken connection does. Called
+// with b.mu held.
 func (b *WatchBreaker) endWatches() {
 	for _, w := range b.watches {
-		w.Close()
+		w.end(false)
 	}
 	b.watches = nil
+}
+
+// endableBody is a watch's body that the breaker can end: cleanly (the
+// client reads the end of the stream) or not (the connection breaks).
+type endableBody struct {
+	io.ReadCloser
+	mu    sync.Mutex
+	clean bool
+}
+
+func (e *endableBody) end(clean bool) {
+	e.mu.Lock()
+	e.clean = clean
+	e.mu.Unlock()
+	e.Close()
+}
+
+func (e *endableBody) Read(p []byte) (int, error) {
+	n, err := e.ReadCloser.Read(p)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil && e.clean {
+		return n, io.EOF
+	}
+	return n, err
 }

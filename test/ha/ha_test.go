@@ -8,14 +8,17 @@ package ha
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -25,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,6 +41,7 @@ import (
 	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/internal/process"
+	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -99,11 +104,18 @@ type aggregator struct {
 
 func startAggregator(t *testing.T, name, leaseNS string) *aggregator {
 	t.Helper()
+	return startAggregatorWith(t, name, leaseNS, filepath.Join(dir, "aggregator.kubeconfig"))
+}
+
+// startAggregatorWith starts an aggregator that reaches the API server
+// through kubeconfig.
+func startAggregatorWith(t *testing.T, name, leaseNS, kubeconfig string) *aggregator {
+	t.Helper()
 	port, err := process.FreePort()
 	require.NoError(t, err)
 	probe := fmt.Sprintf("127.0.0.1:%d", port)
 	p, err := process.Start(name, filepath.Join(bin, "aggregator"), t.TempDir(),
-		"--config", filepath.Join(dir, "config.yaml"), "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
+		"--config", filepath.Join(dir, "config.yaml"), "--kubeconfig", kubeconfig,
 		"--leader-elect", "--leader-election-namespace", leaseNS, "--leader-election-id", "tally-aggregator",
 		"--metrics-bind-address", "0", "--health-probe-bind-address", probe, "--backfill-interval", "1h")
 	require.NoError(t, err)
@@ -269,6 +281,96 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 	}
 	require.Equal(t, int64(10), completing(t, ns))
 }
+
+// TestAPauseCostsNoRelist: a process paused for 3 s (SIGSTOP) while three
+// intents are set is in doubt when it runs again, and its view is fresh
+// once its cache holds a version read after the pause: its pod watch stays
+// open and goes on from what it held, so the pause costs no relist; a
+// relist under way when the pause came goes on too, and is the only one.
+// The counts are right soon after the process runs again.
+func TestAPauseCostsNoRelist(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// relist: the pause comes while a relist, delayed so long, is
+		// under way.
+		relist time.Duration
+	}{
+		{name: "idle"},
+		{name: "during a relist", relist: 6 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			ns, err := env.Namespace(ctx, "pause")
+			require.NoError(t, err)
+			leaseNS, err := env.Namespace(ctx, "lease")
+			require.NoError(t, err)
+			_, pods := pool(t, ns, 6)
+
+			cfg, relists := countingRelists(env.Config)
+			var breaker framework.WatchBreaker
+			breaker.Wrap(cfg)
+			proxy, err := framework.NewAPIProxy(cfg)
+			require.NoError(t, err)
+			t.Cleanup(proxy.Close)
+			kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+			require.NoError(t, framework.WriteKubeconfig(proxy.Addr(), kubeconfig))
+			a := startAggregatorWith(t, "paused", leaseNS, kubeconfig)
+			a.waitReady(t)
+			waitCompleting(t, ns, 0, 30*time.Second)
+			before := relists.Load()
+
+			if tc.relist > 0 {
+				// The watch cannot resume (410 Gone): client-go relists,
+				// and the relist's events come tc.relist after its headers.
+				breaker.SlowRelists(tc.relist)
+				breaker.EndWatches()
+				require.Eventually(t, func() bool { return relists.Load() > before }, 10*time.Second, 10*time.Millisecond, "no relist after the watch broke")
+				time.Sleep(time.Second)
+			}
+			require.NoError(t, a.Signal(syscall.SIGSTOP))
+			markIntent(t, pods[:3])
+			time.Sleep(3 * time.Second)
+			require.NoError(t, a.Signal(syscall.SIGCONT))
+			right := waitCompleting(t, ns, 3, 30*time.Second)
+			t.Logf("paused 3 s%s: counts right %s after the process ran again", map[bool]string{true: " during a relist", false: ""}[tc.relist > 0], right.Round(10*time.Millisecond))
+			time.Sleep(2 * time.Second)
+			want := before
+			if tc.relist > 0 {
+				want++
+			}
+			assert.Equal(t, want, relists.Load(), "relists after the pause")
+			log, err := os.ReadFile(a.LogPath())
+			require.NoError(t, err)
+			assert.NotContains(t, string(log), "starting again in this process", "the pause cost a new manager")
+		})
+	}
+}
+
+// countingRelists returns a copy of cfg that counts the pod informer's
+// relists (a first page of its LIST, or a watch-list) answered 200.
+func countingRelists(cfg *rest.Config) (*rest.Config, *atomic.Int64) {
+	cfg = rest.CopyConfig(cfg)
+	var n atomic.Int64
+	selector := aggregate.PodSelector().String()
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripper(func(req *http.Request) (*http.Response, error) {
+			q := req.URL.Query()
+			relist := req.URL.Path == "/api/v1/pods" && q.Get("labelSelector") == selector &&
+				!strings.Contains(req.Header.Get("Accept"), "as=PartialObjectMetadata") &&
+				((q.Get("watch") != "true" && q.Get("continue") == "") || q.Get("sendInitialEvents") == "true")
+			resp, err := rt.RoundTrip(req)
+			if relist && err == nil && resp.StatusCode == http.StatusOK {
+				n.Add(1)
+			}
+			return resp, err
+		})
+	})
+	return cfg, &n
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // webhookReplica starts one webhook process serving certDir's certificate
 // on a free port; it returns the process and its address.

@@ -252,9 +252,10 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 
 // TestNoWriteUntilTheRelistIsDelivered: after a cut long enough that the
 // pod watch cannot resume (410 Gone), the relist is answered at once but
-// its events come 10 s later. A parent event meanwhile is not answered
-// with counts from the pods as they were before the cut: the view is fresh
-// only once the relist is in the cache, not on its response's headers.
+// its events come 8 s later (client-go gives a watch-list stream 10 s to
+// send its first event). A parent event meanwhile is not answered with
+// counts from the pods as they were before the cut: the view is fresh only
+// once the relist is in the cache, not on its response's headers.
 func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
 	ns, pods := createPool(t, 6)
 	cfg := rest.CopyConfig(env.Config)
@@ -267,7 +268,7 @@ func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
 	breaker.Set(true)
 	require.Eventually(t, func() bool { return staleSeconds(t) > 0 }, 10*time.Second, 50*time.Millisecond, "the broken pod watch is not noticed")
 	markIntent(t, pods[:3])
-	const delay = 10 * time.Second
+	const delay = 8 * time.Second
 	breaker.SlowRelists(delay)
 	breaker.Set(false)
 	reconnected := time.Now()
@@ -281,6 +282,40 @@ func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
 	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, delay+30*time.Second, 50*time.Millisecond)
 	t.Logf("relist answered at once, its events %s later: counts right %s after the reconnection", delay, time.Since(reconnected).Round(10*time.Millisecond))
 	noStaleWriteAfterOverwrite(t, seen(), 0, "a count from before the cut")
+}
+
+// TestNoWriteBeforeAResumedWatchIsDelivered: the pod watch ends as the
+// API server ends a watch, so client-go resumes it from its last
+// resourceVersion; the resumed watch is answered at once but its replay
+// comes 3 s later. Three intents are set, and 1.2 s later the watch ends
+// and resumes again, its replay (which holds them) 3 s late again. A parent event 1.5 s
+// after the reconnection is not answered with counts from the view of
+// before: the view is fresh only once the cache holds a version read after
+// the break, not after the watch stayed open a while.
+func TestNoWriteBeforeAResumedWatchIsDelivered(t *testing.T) {
+	ns, pods := createPool(t, 6)
+	cfg := rest.CopyConfig(env.Config)
+	var breaker framework.WatchBreaker
+	breaker.Wrap(cfg)
+	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
+	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
+	seen := watchCompleting(t, ns)
+
+	const delay = 3 * time.Second
+	breaker.SlowResumes(delay)
+	breaker.EndWatches()
+	markIntent(t, pods[:3])
+	// client-go relists after a watch that ended within a second with
+	// nothing delivered.
+	time.Sleep(1200 * time.Millisecond)
+	breaker.EndWatches()
+	reconnected := time.Now()
+	time.Sleep(time.Until(reconnected.Add(delay / 2)))
+	// A parent event while the replay is on its way.
+	overwrite(t, ns)
+	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 30*time.Second, 50*time.Millisecond)
+	t.Logf("resumed watch answered at once, its replay %s later: counts right %s after the reconnection", delay, time.Since(reconnected).Round(10*time.Millisecond))
+	noStaleWriteAfterOverwrite(t, seen(), 0, "a count from before the break")
 }
 
 // TestRecoversInSeconds: the API server unreachable (a cut proxy: every

@@ -5,8 +5,11 @@
 // and every change to the pods, as watched, and the pods and Events at the
 // end. The faults:
 //   - a replica cut off from the API server;
-//   - its pod watch broken (up to 16 s: past the bound after which it
+//   - its pod watch broken (up to 24 s: past the bound after which it
 //     starts a new manager), and the relists that follow slowed;
+//   - its pod watch ended, and the replay of the watch resumed after it
+//     late (up to 4 s after its headers);
+//   - the leader paused (SIGSTOP, 3 s) while a relist is under way;
 //   - its pod lists and watches, or its writes, answered 429;
 //   - the leader killed (SIGKILL) or paused (SIGSTOP, up to 16 s: past its
 //     lease) and let go on;
@@ -507,7 +510,7 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 		i := rng.IntN(len(r.replicas))
 		rep := r.replicas[i]
 		d := time.Duration(1+rng.IntN(8)) * time.Second
-		switch rng.IntN(17) {
+		switch rng.IntN(19) {
 		case 0, 1:
 			r.note("%s cut off from the API server for %s", rep.name, d)
 			r.disrupt()
@@ -515,9 +518,9 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 			time.Sleep(d)
 			rep.proxy.Restore()
 		case 2, 3:
-			// Up to 16 s: past staleViewAfter, the replica starts a new
-			// manager.
-			d *= 2
+			// Up to 24 s: past freshness.StallAfter, the replica starts a
+			// new manager.
+			d *= 3
 			slow := time.Duration(rng.IntN(4)) * time.Second
 			r.note("%s: pod watch broken for %s, then its relists %s slow for 5s", rep.name, d, slow)
 			r.disrupt()
@@ -612,6 +615,31 @@ func (r *run) faults(t *testing.T, rng *rand.Rand, done <-chan struct{}) {
 				}
 			}
 			r.note("rollout over")
+		case 17:
+			// The API server ends a watch, and the replay of the watch
+			// resumed after it comes late (a loaded API server, a large
+			// replay, a starved replica).
+			late := time.Duration(1+rng.IntN(4)) * time.Second
+			r.note("%s: pod watch ended, the replays of resumed watches %s late for 5s", rep.name, late)
+			r.disrupt()
+			rep.faults.SlowResumes(late)
+			rep.faults.EndWatches()
+			time.Sleep(5 * time.Second)
+			rep.faults.SlowResumes(0)
+		case 18:
+			// A pause of the process while a relist is under way: the
+			// relist goes on.
+			rep = r.leader(rep)
+			r.note("%s: pod watch ended, its relist 5s slow, paused (SIGSTOP) for 3s during it", rep.name)
+			r.disrupt()
+			rep.faults.SlowRelists(5 * time.Second)
+			rep.faults.EndWatches()
+			time.Sleep(time.Second)
+			rep.signal(t, syscall.SIGSTOP)
+			time.Sleep(3 * time.Second)
+			rep.signal(t, syscall.SIGCONT)
+			time.Sleep(2 * time.Second)
+			rep.faults.SlowRelists(0)
 		case 16:
 			r.note("webhook down for %s (failurePolicy Ignore: pods admitted unstamped, without the finalizer)", d)
 			r.hook.stop(t)

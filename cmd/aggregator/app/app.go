@@ -21,7 +21,9 @@ import (
 	"tally.dev/tally/internal/apiwait"
 	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/apiclock"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/freshness"
 )
 
 // Options configure the aggregator process.
@@ -67,12 +69,13 @@ const DefaultLeaderElectionID = "tally-aggregator"
 // Run runs the aggregator until ctx is done. /readyz reports ready once the
 // caches have synced, on the leader and on standbys alike; no status is
 // written before that, nor by a replica that may have lost the lease, nor
-// from a pod view known to be stale. When its manager cannot start (the API
-// server unreachable) or stops (the lease lost, the pod view stale while the
-// API server answers: staleView), the aggregator starts a new
-// one in this process after a bounded back-off, not ready meanwhile: a
-// process that exited instead would pile up the kubelet's restart back-off
-// (up to 5 minutes) on top of the outage.
+// from a pod view not known to be fresh (freshness.Monitor). When its
+// manager cannot start (the API server unreachable) or stops (the lease
+// lost, the pod view stale with nothing delivered while the API server
+// answers: freshness.Monitor.Watchdog), the aggregator starts a new one in
+// this process after a bounded back-off, not ready meanwhile: a process that
+// exited instead would pile up the kubelet's restart back-off (up to 5
+// minutes) on top of the outage.
 func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options) error {
 	log := ctrl.Log.WithName("aggregator")
 	ctx = ctrl.LoggerInto(ctx, log)
@@ -87,12 +90,6 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 	restCfg = rest.CopyConfig(restCfg)
 	sendAppliesOnce(restCfg)
-	watch := newWatchMonitor(log)
-	watch.wrap(restCfg)
-	go watch.watchClock(ctx)
-	podWatchStale.Lock()
-	podWatchStale.monitor = watch
-	podWatchStale.Unlock()
 	if opts.QPS > 0 {
 		restCfg.QPS = opts.QPS
 	}
@@ -104,6 +101,20 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if opts.ContentType == "json" {
 		restCfg.ContentType = runtime.ContentTypeJSON
 	}
+	// The monitor's barrier reads through a config it does not observe.
+	view, err := freshness.New(log, rest.CopyConfig(restCfg), freshness.Options{
+		Resource: corev1.SchemeGroupVersion.WithResource("pods"), LabelSelector: aggregate.PodSelector().String(),
+	})
+	if err != nil {
+		return err
+	}
+	view.Wrap(restCfg)
+	view.Publish()
+	go view.Run(ctx)
+	// The finish a pod's metadata shows is compared with the API server's
+	// clock, not this machine's.
+	var apiClock apiclock.Clock
+	apiClock.Wrap(restCfg)
 
 	identity, err := newIdentity()
 	if err != nil {
@@ -122,7 +133,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	backoff := restartBackoff{min: 500 * time.Millisecond, max: 2 * time.Second}
 	for {
 		start := time.Now()
-		err := runManager(ctx, cfg, reducer, restCfg, opts, watch, identity, &p)
+		err := runManager(ctx, cfg, reducer, restCfg, opts, view, apiClock.Now, identity, &p)
 		p.set(nil)
 		if ctx.Err() != nil {
 			log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
@@ -132,7 +143,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 			return err
 		}
 		wait := backoff.next(time.Since(start))
-		if errors.Is(err, errStaleView) && opts.LeaderElect {
+		if errors.Is(err, freshness.ErrStalled) && opts.LeaderElect {
 			// Let a replica with a fresh view take the lease first.
 			wait = 2 * RetryPeriod
 		}
@@ -186,8 +197,22 @@ func (opts *Options) validate() error {
 }
 
 // runManager runs one manager until ctx is done or it stops.
-func runManager(ctx context.Context, cfg *config.Config, reducer *aggregate.Reducer, restCfg *rest.Config, opts Options, watch *watchMonitor, identity string, p *probes) error {
+func runManager(ctx context.Context, cfg *config.Config, reducer *aggregate.Reducer, restCfg *rest.Config, opts Options, view *freshness.Monitor, serverNow func() time.Time, identity string, p *probes) error {
 	log := ctrl.LoggerFrom(ctx)
+	// The watchdog runs from before the manager starts: a first sync that
+	// never ends is a stall too.
+	ctx, stop := context.WithCancelCause(ctx)
+	watchdog := make(chan struct{})
+	defer func() {
+		stop(nil)
+		<-watchdog
+	}()
+	go func() {
+		defer close(watchdog)
+		if err := view.Watchdog(ctx, restCfg, freshness.StallAfter); err != nil {
+			stop(err)
+		}
+	}()
 	mgrOpts := manager.Options{
 		Cache:    aggregate.CacheOptions(reducer),
 		NewCache: apiwait.NewCache,
@@ -198,10 +223,11 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *aggregate.Redu
 	}
 	aggOpts := aggregate.Options{
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles, BackfillInterval: opts.BackfillInterval, VerifyOwner: cfg.VerifyOwner,
-		TrackingGrace: opts.TrackingGrace, Namespaces: cfg.Namespaces(), NewCache: mgrOpts.NewCache,
-		// Never from a pod view known to be stale: a parent event while the
-		// pod watch is broken would be counted from pods that moved since.
-		MayWrite: watch.fresh, ViewEpoch: watch.viewEpoch,
+		TrackingGrace: opts.TrackingGrace, Namespaces: cfg.Namespaces(), NewCache: mgrOpts.NewCache, ServerNow: serverNow,
+		// Never from a pod view not known to be fresh: a parent event
+		// while the pod watch is broken would be counted from pods that
+		// moved since.
+		MayWrite: view.Fresh, ViewEpoch: view.Epoch,
 	}
 	if opts.LeaderElect {
 		lock, err := newFencedLock(restCfg, opts.LeaderElectionNamespace, opts.LeaderElectionID, identity)
@@ -215,7 +241,7 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *aggregate.Redu
 		mgrOpts.LeaderElectionID, mgrOpts.LeaderElectionNamespace = opts.LeaderElectionID, opts.LeaderElectionNamespace
 		mgrOpts.LeaseDuration, mgrOpts.RenewDeadline, mgrOpts.RetryPeriod = ptr.To(LeaseDuration), ptr.To(RenewDeadline), ptr.To(RetryPeriod)
 		mgrOpts.LeaderElectionReleaseOnCancel = true
-		aggOpts.MayWrite = func() bool { return lock.Holds() && watch.fresh() }
+		aggOpts.MayWrite = func() bool { return lock.Holds() && view.Fresh() }
 	}
 	mgr, err := ctrl.NewManager(restCfg, mgrOpts)
 	if err != nil {
@@ -231,20 +257,21 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *aggregate.Redu
 	if err != nil {
 		return fmt.Errorf("getting the pod informer: %w", err)
 	}
-	pods, ok := inf.(podInformer)
+	pods, ok := inf.(freshness.Informer)
 	if !ok {
 		return fmt.Errorf("the pod informer (%T) does not tell what it synced", inf)
 	}
-	watch.attach(pods)
+	view.Attach(pods)
 	synced, err := command.CachesSynced(mgr)
 	if err != nil {
 		return err
 	}
 	p.set(synced)
-	if err := mgr.Add(staleView(restCfg, watch, staleViewAfter, relistAllowance)); err != nil {
-		return err
-	}
 	log.Info("Starting aggregator", "parents", len(cfg.Parents), "leaderElect", opts.LeaderElect, "leaderElectionID", opts.LeaderElectionID,
 		"maxConcurrentReconciles", opts.MaxConcurrentReconciles, "backfillInterval", opts.BackfillInterval.String(), "trackingGrace", opts.TrackingGrace.String(), "verifyOwner", cfg.VerifyOwner)
-	return mgr.Start(ctx)
+	err = mgr.Start(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, freshness.ErrStalled) {
+		return cause
+	}
+	return err
 }

@@ -44,3 +44,7 @@ func statusApply(req *http.Request) bool {
 	return req.Method == http.MethodPatch && strings.HasSuffix(req.URL.Path, "/status") &&
 		strings.HasPrefix(req.Header.Get("Content-Type"), "application/apply-patch")
 }
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -2,10 +2,17 @@ package app
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"tally.dev/tally/pkg/freshness"
 )
 
 // restartBackoff is the wait before the aggregator starts a new manager: it
@@ -82,4 +89,24 @@ func (p *probes) serve(ctx context.Context, addr string) (func(), error) {
 		_ = srv.Shutdown(shutdown)
 		<-done
 	}, nil
+}
+
+// managerRestarts counts the managers this process stopped and started
+// again, by reason.
+var managerRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "tally_aggregator_manager_restarts_total",
+	Help: "Managers the aggregator stopped and started again in its process, by reason: stale_view (the pod view stayed stale with nothing delivered for 20 s of time the API server answered; a relist that makes progress is never cut), lease_lost, or error (the API server unreachable at start, or another failure; the log says which).",
+}, []string{"reason"})
+
+func init() { metrics.Registry.MustRegister(managerRestarts) }
+
+// restartReason names why a manager stopped with err, for managerRestarts.
+func restartReason(err error) string {
+	switch {
+	case errors.Is(err, freshness.ErrStalled):
+		return "stale_view"
+	case err != nil && strings.Contains(err.Error(), "leader election lost"):
+		return "lease_lost"
+	}
+	return "error"
 }

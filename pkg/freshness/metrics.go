@@ -1,0 +1,53 @@
+package freshness
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	barriers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_pod_view_barriers_total",
+		Help: "Barriers run after a doubt about the pod view, by result: proved (the view is fresh once the cache holds what the barrier found), superseded (a newer doubt came first, or the cache got there first) or error (the API server did not answer; tried again with back-off).",
+	}, []string{"result"})
+	barrierSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "tally_aggregator_pod_view_barrier_seconds",
+		Help:    "Time from a doubt's first barrier to its proof: the resourceVersion read, and a watch from the cache's own version up to it.",
+		Buckets: []float64{0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30},
+	})
+	barrierRequests = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tally_aggregator_pod_view_barrier_requests_total",
+		Help: "Requests the pod view's barriers sent: a LIST of at most one pod for each version read, and each watch up to it.",
+	})
+)
+
+// published is the monitor the stale gauge reads.
+var published = struct {
+	sync.Mutex
+	monitor *Monitor
+}{}
+
+// Publish makes m the monitor that tally_aggregator_pod_watch_stale_seconds
+// reads.
+func (m *Monitor) Publish() {
+	published.Lock()
+	defer published.Unlock()
+	published.monitor = m
+}
+
+func init() {
+	metrics.Registry.MustRegister(barriers, barrierSeconds, barrierRequests,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tally_aggregator_pod_watch_stale_seconds",
+			Help: "How long the pod view has not been known fresh: from a doubt (the pod watch ended, failed or was throttled, a relist, a pause of the process) until the cache holds a version read after it; 0 while fresh. No status is written meanwhile.",
+		}, func() float64 {
+			published.Lock()
+			defer published.Unlock()
+			if published.monitor == nil {
+				return 0
+			}
+			return published.monitor.Stale().Seconds()
+		}))
+}
