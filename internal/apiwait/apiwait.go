@@ -1,5 +1,5 @@
 // Package apiwait keeps tally's informers from backing off while the API
-// server is away. client-go's reflector retries a failed list or watch with
+// server is away, and backs off while it answers with errors. client-go's reflector retries a failed list or watch with
 // an exponential back-off that reaches 30 s (and, with jitter, up to a
 // minute) after a long outage, and neither its shared informers nor
 // controller-runtime's cache let a caller shorten it: the view stays stale
@@ -14,12 +14,15 @@ package apiwait
 
 import (
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // NewCache is a manager's cache (manager.Options.NewCache) whose lists and
@@ -40,13 +43,18 @@ func NewCache(restCfg *rest.Config, opts cache.Options) (cache.Cache, error) {
 const Poll = 500 * time.Millisecond
 
 // Hold makes cfg's list and watch requests (GETs) wait for the API server:
-// one refused or cut (a transport error) or answered with 429 or a 5xx is
-// sent again every poll, or, for a 429, after its Retry-After when it says
-// to wait longer (back-pressure, up to MaxRetryAfter); one answered 404 Not
-// Found is sent again every poll for 10 s, then after a wait that doubles
-// up to 5 s, until it has met NotFoundHold of 404s in a row. Every other
-// request fails as usual. Give it only to clients whose every GET may wait
-// (a cache's): a write, or a leader election's renewal, must fail fast.
+// one refused or cut (a transport error) is sent again every poll (an API
+// server that is away costs nothing to ask); one answered 429 after its
+// Retry-After when it says to wait longer (back-pressure, up to
+// MaxRetryAfter); one answered with a 5xx (an API server that answers but
+// fails, perhaps overloaded) after a wait that doubles from poll up to
+// MaxServerErrorWait with each 5xx in a row, with jitter; one answered 404
+// Not Found every poll for 10 s, then after a wait that doubles up to 5 s,
+// until it has met NotFoundHold of 404s in a row. Every other request fails
+// as usual. Each request sent again is counted in
+// tally_api_requests_held_total. Give it only to clients whose every GET
+// may wait (a cache's): a write, or a leader election's renewal, must fail
+// fast.
 func Hold(cfg *rest.Config, poll time.Duration) { hold(cfg, poll, NotFoundHold) }
 
 // A list or watch answered 404 is sent again every poll for
@@ -74,6 +82,8 @@ func hold(cfg *rest.Config, poll, notFoundHold time.Duration) {
 			// how long to wait after the next one.
 			var notFoundSince time.Time
 			notFoundWait := poll
+			// serverErrors counts the 5xx answers in a row.
+			var serverErrors int
 			for {
 				resp, err := rt.RoundTrip(req)
 				if req.Context().Err() != nil {
@@ -97,9 +107,16 @@ func hold(cfg *rest.Config, poll, notFoundHold time.Duration) {
 					// A resource really not served is asked for less and
 					// less often.
 					wait, notFoundWait = notFoundWait, min(2*notFoundWait, maxNotFoundPoll)
+				case err == nil && resp.StatusCode >= 500:
+					serverErrors++
+					wait = serverErrorWait(poll, serverErrors)
 				case resp != nil:
 					wait = retryAfter(resp, poll)
 				}
+				if !notFound && (err != nil || resp.StatusCode < 500) {
+					serverErrors = 0
+				}
+				held.WithLabelValues(heldAnswer(resp, err)).Inc()
 				if resp != nil {
 					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 					resp.Body.Close()
@@ -136,6 +153,45 @@ func retryAfter(resp *http.Response, poll time.Duration) time.Duration {
 	}
 	return min(max(time.Duration(secs)*time.Second, poll), MaxRetryAfter)
 }
+
+// MaxServerErrorWait bounds the wait before a request answered with a 5xx
+// is sent again.
+const MaxServerErrorWait = 4 * time.Second
+
+// serverErrorWait is the wait after the n-th 5xx in a row: poll doubled
+// n-1 times, up to MaxServerErrorWait, of which a random half to all, so
+// that the replicas of an overloaded API server's clients do not come back
+// in step.
+func serverErrorWait(poll time.Duration, n int) time.Duration {
+	wait := poll
+	for i := 1; i < n && wait < MaxServerErrorWait; i++ {
+		wait *= 2
+	}
+	wait = min(wait, MaxServerErrorWait)
+	return wait/2 + rand.N(wait/2+1)
+}
+
+// heldAnswer names the answer that made a request held, for held.
+func heldAnswer(resp *http.Response, err error) string {
+	switch {
+	case err != nil:
+		return "unreachable"
+	case resp.StatusCode == http.StatusTooManyRequests:
+		return "throttled"
+	case resp.StatusCode == http.StatusNotFound:
+		return "not_found"
+	}
+	return "server_error"
+}
+
+// held counts the lists and watches sent again, by the answer that made
+// them wait.
+var held = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "tally_api_requests_held_total",
+	Help: "Lists and watches of tally's caches sent again because the API server did not answer them, by answer: unreachable (a transport error; sent again every 0.5 s), throttled (429; after its Retry-After), server_error (a 5xx; after a wait doubling from 0.5 s to 4 s with each one in a row, with jitter), not_found (404, while a restarted API server has not read its CRDs yet).",
+}, []string{"answer"})
+
+func init() { metrics.Registry.MustRegister(held) }
 
 // answered reports whether the API server answered a request: no transport
 // error, and neither 429 nor a 5xx.

@@ -4,10 +4,12 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/rest"
@@ -114,4 +116,49 @@ func TestHoldsANotFoundForAWhile(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "a resource not served is not served")
 	assert.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond, "held for the bound")
+}
+
+// TestHoldBacksOffOnServerErrors: a list answered with a 5xx again and
+// again is sent again after waits that double, each a random half to all
+// of its step; a transport error or a 429 in between starts them anew.
+func TestHoldBacksOffOnServerErrors(t *testing.T) {
+	const poll = 10 * time.Millisecond
+	var mu sync.Mutex
+	var at []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		at = append(at, time.Now())
+		n := len(at)
+		mu.Unlock()
+		if n <= 6 {
+			http.Error(w, "overloaded", http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte("{}"))
+	}))
+	defer srv.Close()
+	cfg := &rest.Config{Host: srv.URL}
+	Hold(cfg, poll)
+	client, err := rest.HTTPClientFor(cfg)
+	require.NoError(t, err)
+	before := testutil.ToFloat64(held.WithLabelValues("server_error"))
+	resp, err := client.Get(srv.URL + "/api/v1/pods")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, at, 7)
+	for i := 1; i < len(at); i++ {
+		step := min(poll<<(i-1), MaxServerErrorWait)
+		assert.GreaterOrEqual(t, at[i].Sub(at[i-1]), step/2, "wait %d", i)
+	}
+	assert.Equal(t, 6.0, testutil.ToFloat64(held.WithLabelValues("server_error"))-before)
+}
+
+func TestServerErrorWait(t *testing.T) {
+	for n, step := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second, 4 * time.Second} {
+		for range 20 {
+			wait := serverErrorWait(500*time.Millisecond, n+1)
+			assert.GreaterOrEqual(t, wait, step/2)
+			assert.LessOrEqual(t, wait, step)
+		}
+	}
 }
