@@ -13,9 +13,21 @@ import (
 )
 
 // graceOf is what a pass knows of a parent of held pods: whether their
-// grace runs, and whether no reconcile would record them (they are
-// released uncounted, not lost, when it runs out).
-type graceOf struct{ runs, orphaned bool }
+// grace runs, whether no reconcile would record them (they are released
+// uncounted, not lost, when it runs out), and when the last record of the
+// parent that was tried began (zero: none was).
+type graceOf struct {
+	runs, orphaned bool
+	tried          time.Time
+}
+
+// hadAChance reports whether the parent had a real chance to record pod,
+// seen held at seen: a record of it that began since was tried (and
+// answered, or failed), or no reconcile would record it. Time alone, or
+// time a record waited in the client's rate limiter, is no chance.
+func (g graceOf) hadAChance(seen time.Time) bool {
+	return g.orphaned || !g.tried.IsZero() && !g.tried.Before(seen)
+}
 
 // parentOf names pod's parent.
 func parentOf(pod *Pod) types.NamespacedName {
@@ -38,7 +50,8 @@ func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*Pod
 			continue
 		}
 		orphaned := !p.Tracked() || !u.scope.Selects(readCtx, pod.Namespace) || u.parentGone(readCtx, p, key, pod.Controller.UID)
-		out[key] = graceOf{runs: orphaned || u.reconciled.has(parentKey{kind: p.GroupKind(), name: key}), orphaned: orphaned}
+		pk := parentKey{kind: p.GroupKind(), name: key}
+		out[key] = graceOf{runs: orphaned || u.reconciled.has(pk), orphaned: orphaned, tried: u.reconciled.triedSince(pk)}
 	}
 	return out
 }
@@ -61,21 +74,32 @@ func (u *Unrecorded) parentGone(ctx context.Context, p config.Parent, key types.
 	return parent.GetUID() != uid
 }
 
+// clocks is the time of a pass: local (with its monotonic reading: a
+// duration between two of them is measured on the monotonic clock) and
+// the API server's (apiclock), which the times the API server stamps are
+// compared with.
+type clocks struct{ local, server time.Time }
+
+// sinceFinish returns how long ago pod finished, as its own metadata shows
+// it, by the API server's clock; 0 when it shows no finish.
+func sinceFinish(pod *Pod, now clocks) time.Duration {
+	if pod.FinishedAt == 0 {
+		return 0
+	}
+	return now.server.Sub(time.Unix(pod.FinishedAt, 0))
+}
+
 // heldFor returns how long pod has been held, as far as anything shows:
 // since this process first saw it held (h), or since the finish its own
 // metadata shows, whichever is longer (a process that started a moment ago
 // does not make a pod held for hours look new).
-func heldFor(pod *Pod, h heldPod, now time.Time) time.Duration {
-	held := now.Sub(h.seen)
-	if pod.FinishedAt != 0 {
-		held = max(held, now.Sub(time.Unix(pod.FinishedAt, 0)))
-	}
-	return held
+func heldFor(pod *Pod, h heldPod, now clocks) time.Duration {
+	return max(now.local.Sub(h.seen), sinceFinish(pod, now))
 }
 
 // reportHeld sets the held-pod gauges of kind from its held pods and what
 // is known of them.
-func reportHeld(kind schema.GroupKind, held []*Pod, known map[types.UID]heldPod, now time.Time) {
+func reportHeld(kind schema.GroupKind, held []*Pod, known map[types.UID]heldPod, now clocks) {
 	var oldest time.Duration
 	for _, pod := range held {
 		oldest = max(oldest, heldFor(pod, known[pod.UID], now))
@@ -91,7 +115,7 @@ const heldLogEvery = time.Minute
 // logWaiting logs, for each parent of kind whose pods have been held for
 // heldLogEvery, why they wait (why), at most every heldLogEvery. Called
 // with u.mu held.
-func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*Pod, known map[types.UID]heldPod, now time.Time, why func(*Pod) string) {
+func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*Pod, known map[types.UID]heldPod, now clocks, why func(*Pod) string) {
 	type waiting struct {
 		pods   []string
 		oldest time.Duration
@@ -115,15 +139,15 @@ func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*Pod, known map[ty
 		w.oldest, w.used = max(w.oldest, age), max(w.used, h.used)
 	}
 	for key, last := range u.logged {
-		if _, ok := byParent[key]; !ok && key.kind == kind && now.Sub(last) >= heldLogEvery {
+		if _, ok := byParent[key]; !ok && key.kind == kind && now.local.Sub(last) >= heldLogEvery {
 			delete(u.logged, key)
 		}
 	}
 	for key, w := range byParent {
-		if now.Sub(u.logged[key]) < heldLogEvery {
+		if now.local.Sub(u.logged[key]) < heldLogEvery {
 			continue
 		}
-		u.logged[key] = now
+		u.logged[key] = now.local
 		u.log.Info("Pods held by the tracking finalizer", "kind", kind.String(), "parent", key.name, "reason", w.reason,
 			"pods", listed(w.pods), "heldFor", w.oldest.Round(time.Second).String(), "graceUsed", w.used.Round(time.Second).String(),
 			"grace", u.grace.String())
@@ -135,8 +159,9 @@ func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*Pod, known map[ty
 // processes that saw it: a grace used in a process that stopped (a manager
 // restarted, a leader that changed) is not lost to the bound. A pod past it
 // is released once its grace has run for a while in this process
-// (pastLimitRun): long enough for its parent's reconciles to record it,
-// batch after batch, if they can.
+// (pastLimitRun) and its parent had a real chance to record it
+// (graceOf.hadAChance): a pod of a parent whose records succeed is
+// recorded, never released as lost for lack of time.
 const heldAtMost = 5
 
 // pastLimitRun is how much of its grace a pod past the hold limit uses in
@@ -144,31 +169,33 @@ const heldAtMost = 5
 func pastLimitRun(grace time.Duration) time.Duration { return min(grace/4, 30*time.Second) }
 
 // pastHoldLimit reports whether pod finished, as it shows, heldAtMost
-// graces ago or more.
-func pastHoldLimit(pod *Pod, now time.Time, grace time.Duration) bool {
-	return pod.FinishedAt != 0 && now.Sub(time.Unix(pod.FinishedAt, 0)) >= heldAtMost*grace
+// graces ago or more by the API server's clock.
+func pastHoldLimit(pod *Pod, now clocks, grace time.Duration) bool {
+	return pod.FinishedAt != 0 && sinceFinish(pod, now) >= heldAtMost*grace
 }
 
 // overdue returns what is known of each held pod after this pass — a pod
 // not seen before is seen now, with none of its grace used; one seen
-// before adds elapsed to the grace it used when its grace runs now (runs)
-// — and the pods to release: those that have used all of it, and those
-// past the hold limit that have used pastLimitRun of it. Pods no longer
-// held are forgotten.
-func overdue(held []*Pod, before map[types.UID]heldPod, now time.Time, elapsed, grace time.Duration, runs func(*Pod) bool) (map[types.UID]heldPod, []*Pod) {
+// before adds elapsed to the grace it used when its grace runs now
+// (graceOf.runs) — and the pods to release: those that have used all of
+// it, and those past the hold limit that have used pastLimitRun of it and
+// whose parent had a chance to record them. Pods no longer held are
+// forgotten.
+func overdue(held []*Pod, before map[types.UID]heldPod, now clocks, elapsed, grace time.Duration, of func(*Pod) graceOf) (map[types.UID]heldPod, []*Pod) {
 	known := make(map[types.UID]heldPod, len(held))
 	var expired []*Pod
 	for _, pod := range held {
 		h, seen := before[pod.UID]
-		running := runs(pod)
+		g := of(pod)
 		switch {
 		case !seen:
-			h = heldPod{seen: now}
-		case running:
+			h = heldPod{seen: now.local}
+		case g.runs:
 			h.used += elapsed
 		}
 		known[pod.UID] = h
-		if h.used >= grace || running && h.used >= pastLimitRun(grace) && pastHoldLimit(pod, now, grace) {
+		pastLimit := g.runs && h.used >= pastLimitRun(grace) && pastHoldLimit(pod, now, grace) && g.hadAChance(h.seen)
+		if h.used >= grace || pastLimit {
 			expired = append(expired, pod)
 		}
 	}

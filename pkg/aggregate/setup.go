@@ -77,6 +77,10 @@ type Options struct {
 	// TrackingGrace is how long a finished pod of a kind with totals may
 	// wait to be recorded before it is released uncounted (lost).
 	TrackingGrace time.Duration
+	// ServerNow, when set, returns the API server's time (apiclock.Clock),
+	// which the finish a pod's metadata shows is compared with; the local
+	// time when nil.
+	ServerNow func() time.Time
 	// Namespaces selects the namespaces whose pods the backfill stamps and
 	// the aggregator tracks: the webhook registration's namespaceSelector.
 	// Nil selects every one.
@@ -162,6 +166,9 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	unrecorded := NewUnrecorded(parents, gate, indexed.GetIndexer(), parentCache, mgr.GetClient(),
 		recorder, opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))
 	unrecorded.live = mgr.GetAPIReader()
+	if opts.ServerNow != nil {
+		unrecorded.serverNow = opts.ServerNow
+	}
 	recording := &recordLocks{}
 	unrecorded.recording, unrecorded.scope = recording, scope
 	if err := mgr.Add(unrecorded); err != nil {

@@ -92,8 +92,18 @@ func (r *Reconciler) stepTotals(ctx context.Context, parent *unstructured.Unstru
 // when merged, an earlier ledger to remove). From the pods' confirmation
 // to the apply, Unrecorded releases none of the parent's pods as lost (see
 // recordLocks): a pod is never both recorded and counted as lost.
+//
+// A record tried to its end is reported to Unrecorded, with when it began:
+// a pod past the hold limit is released uncounted only after its parent had
+// that chance. A ledger written, or one the API server refused, is such a
+// chance, and so is a step that needed no write; a record that waits for a
+// fold, could not confirm the pods, or whose apply was fenced, met a
+// conflict, was throttled or was not sent in time (after a wait in the
+// client's rate limiter) is not.
 func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructured, pods []*Pod, book Book, own ownership, merged bool) (Step, reconcile.Result, error) {
-	defer r.recording.lock(parentKey{kind: r.gvk.GroupKind(), name: client.ObjectKeyFromObject(parent)})()
+	key := parentKey{kind: r.gvk.GroupKind(), name: client.ObjectKeyFromObject(parent)}
+	defer r.recording.lock(key)()
+	began := time.Now()
 	step, released, err := r.decide(ctx, parent, pods, book)
 	if err != nil {
 		return Step{}, reconcile.Result{}, err
@@ -102,11 +112,24 @@ func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructur
 		return Step{}, reconcile.Result{RequeueAfter: wait}, nil
 	}
 	if merged || !step.Book.Equal(&book) {
-		if result, err := r.applyTotals(ctx, parent, own, &step.Book); err != nil || result.RequeueAfter > 0 {
+		result, err := r.applyTotals(ctx, parent, own, &step.Book)
+		if err != nil || result.RequeueAfter == 0 {
+			r.tried(key, began)
+		}
+		if err != nil || result.RequeueAfter > 0 {
 			return Step{}, result, err
 		}
+		return step, reconcile.Result{}, nil
 	}
+	r.tried(key, began)
 	return step, reconcile.Result{}, nil
+}
+
+// tried reports a record of key tried, that began at began.
+func (r *Reconciler) tried(key parentKey, began time.Time) {
+	if r.Deps.reconciled != nil {
+		r.Deps.reconciled.recorded(key, began)
+	}
 }
 
 // decide takes the ledger protocol's step from the cache, confirming with

@@ -109,6 +109,9 @@ type Unrecorded struct {
 	scope     *Scope
 	log       logr.Logger
 	now       func() time.Time
+	// serverNow is the API server's time (apiclock), which the finish a
+	// pod's metadata shows is compared with.
+	serverNow func() time.Time
 
 	mu sync.Mutex
 	// held is what is known of each held pod, by kind; lastPass is when
@@ -129,18 +132,37 @@ type heldPod struct {
 }
 
 // reconciledParents records the parents reconciled while this replica may
-// write: the grace of a parent's pods runs only from then.
-type reconciledParents struct{ m sync.Map }
+// write (the grace of a parent's pods runs only from then), and when each
+// last tried to record its finished pods: a pod past the hold limit is
+// released uncounted only once a record of its parent that began after the
+// pod was seen held was tried, and answered or failed.
+type reconciledParents struct{ m, tried sync.Map }
 
 func (r *reconciledParents) add(k parentKey) { r.m.Store(k, struct{}{}) }
 
 // forget drops a parent that is gone, so that the set holds only parents
 // that exist.
-func (r *reconciledParents) forget(k parentKey) { r.m.Delete(k) }
+func (r *reconciledParents) forget(k parentKey) {
+	r.m.Delete(k)
+	r.tried.Delete(k)
+}
 
 func (r *reconciledParents) has(k parentKey) bool {
 	_, ok := r.m.Load(k)
 	return ok
+}
+
+// recorded records that a record of k's finished pods that began at began
+// was tried: written, refused, or failed.
+func (r *reconciledParents) recorded(k parentKey, began time.Time) { r.tried.Store(k, began) }
+
+// triedSince returns when the last record of k that was tried began; zero
+// if none was.
+func (r *reconciledParents) triedSince(k parentKey) time.Time {
+	if v, ok := r.tried.Load(k); ok {
+		return v.(time.Time)
+	}
+	return time.Time{}
 }
 
 // NewUnrecorded returns the releaser of the pods of kinds whose finish
@@ -149,7 +171,7 @@ func (r *reconciledParents) has(k parentKey) bool {
 func NewUnrecorded(kinds []config.Parent, gate *servable.Gate, pods toolscache.Indexer, parents client.Reader, writer client.Writer,
 	recorder events.EventRecorder, grace time.Duration, mayWrite func() bool, reconciled *reconciledParents, log logr.Logger) *Unrecorded {
 	return &Unrecorded{kinds: kinds, gate: gate, pods: pods, parents: parents, writer: writer, recorder: recorder,
-		grace: grace, mayWrite: mayWrite, reconciled: reconciled, log: log, now: time.Now,
+		grace: grace, mayWrite: mayWrite, reconciled: reconciled, log: log, now: time.Now, serverNow: time.Now,
 		held: map[schema.GroupKind]map[types.UID]heldPod{}, lastPass: map[schema.GroupKind]time.Time{}, logged: map[parentKey]time.Time{}}
 }
 
@@ -178,7 +200,7 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	if err != nil {
 		return err
 	}
-	now := u.now()
+	now := clocks{local: u.now(), server: u.serverNow()}
 	var problem *servable.Problem
 	if p.Tracked() {
 		problem = u.gate.Problem(kind)
@@ -188,14 +210,14 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	if writes && (problem == nil || !problem.Unknown) {
 		parents = u.graceRuns(ctx, p, held)
 	}
-	runs := func(pod *Pod) bool { return parents[parentOf(pod)].runs }
+	of := func(pod *Pod) graceOf { return parents[parentOf(pod)] }
 	u.mu.Lock()
 	var elapsed time.Duration
 	if last, ok := u.lastPass[kind]; ok {
-		elapsed = now.Sub(last)
+		elapsed = now.local.Sub(last)
 	}
-	u.lastPass[kind] = now
-	known, expired := overdue(held, u.held[kind], now, elapsed, u.grace, runs)
+	u.lastPass[kind] = now.local
+	known, expired := overdue(held, u.held[kind], now, elapsed, u.grace, of)
 	u.held[kind] = known
 	reportHeld(kind, held, known, now)
 	u.logWaiting(kind, held, known, now, func(pod *Pod) string {

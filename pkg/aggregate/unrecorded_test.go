@@ -45,14 +45,16 @@ func TestOverdue(t *testing.T) {
 		return p
 	}
 	used := func(d time.Duration) heldPod { return heldPod{seen: now.Add(-time.Hour), used: d} }
-	always := func(*Pod) bool { return true }
-	never := func(*Pod) bool { return false }
+	// always: the grace runs, and a record of the parent was tried (since
+	// the pod was seen); never: the grace waits.
+	always := func(*Pod) graceOf { return graceOf{runs: true, tried: now} }
+	never := func(*Pod) graceOf { return graceOf{} }
 	tests := []struct {
 		name        string
 		held        []*Pod
 		before      map[types.UID]heldPod
 		elapsed     time.Duration
-		runs        func(*Pod) bool
+		runs        func(*Pod) graceOf
 		want        map[types.UID]heldPod
 		wantExpired []types.UID
 	}{
@@ -71,7 +73,7 @@ func TestOverdue(t *testing.T) {
 			elapsed: time.Hour, runs: never, want: map[types.UID]heldPod{"a": used(grace - time.Second)}},
 		{name: "only the pods whose grace runs use it", held: []*Pod{held("a", 0), held("b", 0)},
 			before: map[types.UID]heldPod{"a": used(time.Second), "b": used(time.Second)}, elapsed: time.Second,
-			runs: func(p *Pod) bool { return p.UID == "a" },
+			runs: func(p *Pod) graceOf { return graceOf{runs: p.UID == "a"} },
 			want: map[types.UID]heldPod{"a": used(2 * time.Second), "b": used(time.Second)}},
 		{name: "past the hold limit: released once its grace ran here for a quarter of it (at most 30s)",
 			held: []*Pod{finishedAgo("a", 5*grace)}, before: map[types.UID]heldPod{"a": used(29 * time.Second)}, elapsed: 2 * time.Second, runs: always,
@@ -82,6 +84,22 @@ func TestOverdue(t *testing.T) {
 		{name: "past the hold limit, first seen: none of the grace used here yet",
 			held: []*Pod{finishedAgo("a", time.Hour)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": {seen: now}}},
+		{name: "past the hold limit, no record of its parent tried (waiting in the rate limiter): held",
+			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(31 * time.Second)}, elapsed: 2 * time.Second,
+			runs: func(*Pod) graceOf { return graceOf{runs: true} },
+			want: map[types.UID]heldPod{"a": used(33 * time.Second)}},
+		{name: "past the hold limit, the last record tried began before the pod was seen: held",
+			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(31 * time.Second)}, elapsed: 2 * time.Second,
+			runs: func(*Pod) graceOf { return graceOf{runs: true, tried: now.Add(-2 * time.Hour)} },
+			want: map[types.UID]heldPod{"a": used(33 * time.Second)}},
+		{name: "past the hold limit, no reconcile would record it: released without a record tried",
+			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(31 * time.Second)}, elapsed: 2 * time.Second,
+			runs: func(*Pod) graceOf { return graceOf{runs: true, orphaned: true} },
+			want: map[types.UID]heldPod{"a": used(33 * time.Second)}, wantExpired: []types.UID{"a"}},
+		{name: "no record tried, the whole grace used: released",
+			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(grace)}, elapsed: 2 * time.Second,
+			runs: func(*Pod) graceOf { return graceOf{runs: true} },
+			want: map[types.UID]heldPod{"a": used(grace + 2*time.Second)}, wantExpired: []types.UID{"a"}},
 		{name: "past the hold limit, exactly 30s used: released",
 			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(28 * time.Second)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": used(30 * time.Second)}, wantExpired: []types.UID{"a"}},
@@ -99,7 +117,7 @@ func TestOverdue(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			known, expired := overdue(tt.held, tt.before, now, tt.elapsed, grace, tt.runs)
+			known, expired := overdue(tt.held, tt.before, clocks{now, now}, tt.elapsed, grace, tt.runs)
 			assert.Equal(t, tt.want, known)
 			var uids []types.UID
 			for _, p := range expired {
@@ -111,10 +129,19 @@ func TestOverdue(t *testing.T) {
 	t.Run("a short grace: a quarter of it is enough past the hold limit", func(t *testing.T) {
 		const short = 8 * time.Second
 		pod := finishedAgo("a", 5*short)
-		_, expired := overdue([]*Pod{pod}, map[types.UID]heldPod{"a": used(time.Second)}, now, time.Second, short, always)
+		_, expired := overdue([]*Pod{pod}, map[types.UID]heldPod{"a": used(time.Second)}, clocks{now, now}, time.Second, short, always)
 		assert.Len(t, expired, 1)
-		_, expired = overdue([]*Pod{pod}, map[types.UID]heldPod{"a": used(0)}, now, time.Second, short, always)
+		_, expired = overdue([]*Pod{pod}, map[types.UID]heldPod{"a": used(0)}, clocks{now, now}, time.Second, short, always)
 		assert.Empty(t, expired, "released with less than a quarter of a short grace used")
+	})
+	t.Run("the hold limit is by the API server's clock", func(t *testing.T) {
+		year := 365 * 24 * time.Hour
+		recent, old := finishedAgo("a", grace), finishedAgo("b", 6*grace)
+		before := map[types.UID]heldPod{"a": used(grace / 2), "b": used(grace / 2)}
+		_, expired := overdue([]*Pod{recent}, before, clocks{local: now.Add(year), server: now}, time.Second, grace, always)
+		assert.Empty(t, expired, "a local clock a year ahead made a pod past the hold limit")
+		_, expired = overdue([]*Pod{old}, before, clocks{local: now.Add(-year), server: now}, time.Second, grace, always)
+		assert.Len(t, expired, 1, "a local clock a year behind kept a pod past the hold limit")
 	})
 }
 
@@ -168,7 +195,7 @@ func TestReportHeld(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			reportHeld(kind, tt.pods, tt.held, now)
+			reportHeld(kind, tt.pods, tt.held, clocks{now, now})
 			assert.Equal(t, tt.count, testutil.ToFloat64(heldPods.WithLabelValues(kind.String())))
 			assert.Equal(t, tt.oldest, testutil.ToFloat64(oldestHeldPod.WithLabelValues(kind.String())))
 		})
@@ -451,13 +478,13 @@ func TestHeldPodsAreLoggedWithWhy(t *testing.T) {
 		log: funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{})}
 	why := func(*Pod) string { return "the grace waits" }
 
-	u.logWaiting(kind, held, known, now, why)
+	u.logWaiting(kind, held, known, clocks{now, now}, why)
 	require.Len(t, lines, 1)
 	for _, want := range []string{`"parent"={"name"="a" "namespace"="ns"}`, `"reason"="the grace waits"`, `"pods"="a-1, a-2"`, `"heldFor"="2m0s"`, `"graceUsed"="5s"`} {
 		assert.Contains(t, lines[0], want)
 	}
-	u.logWaiting(kind, held, known, now.Add(30*time.Second), why)
+	u.logWaiting(kind, held, known, clocks{now.Add(30 * time.Second), now.Add(30 * time.Second)}, why)
 	assert.Len(t, lines, 1, "logged again within a minute")
-	u.logWaiting(kind, held, known, now.Add(time.Minute), why)
+	u.logWaiting(kind, held, known, clocks{now.Add(time.Minute), now.Add(time.Minute)}, why)
 	assert.Len(t, lines, 3, "a logged again a minute later, b now held for a minute too")
 }

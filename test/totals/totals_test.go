@@ -410,6 +410,47 @@ func TestAwayLongerThanTheGrace(t *testing.T) {
 	}, 60*time.Second, 100*time.Millisecond, "every pod deleted while the aggregator was away is counted")
 }
 
+// TestAwayOnABusyCluster: the aggregator is away for 4 graces (of 5 s)
+// while the pods of 30 pools, 2 each, are deleted, and comes back on a busy
+// cluster's budget (3 requests a second, one parent at a time), so that the
+// last parents' records wait a while in its client's rate limiter. Every
+// pod is recorded: a pod past the hold limit is released uncounted only
+// once its parent's reconcile tried to record it and could not, not after a
+// time spent waiting in the rate limiter.
+func TestAwayOnABusyCluster(t *testing.T) {
+	framework.Long(t)
+	ctx := context.Background()
+	ns := namespace(t)
+	startWebhook(t, ns, withTotals)
+	const grace, pools = 5 * time.Second, 30
+	var pods []*corev1.Pod
+	for i := range pools {
+		_, p := createPool(t, ns, fmt.Sprintf("pool-%02d", i), 2)
+		pods = append(pods, p...)
+	}
+	for _, p := range pods {
+		require.NoError(t, env.Client.Delete(ctx, p.DeepCopy()))
+	}
+	time.Sleep(4 * grace)
+	startAggregator(t, "aggregator", withTotals, "", "--tracking-grace", grace.String(),
+		"--kube-api-qps", "3", "--kube-api-burst", "3", "--max-concurrent-reconciles", "1")
+	var wrong []string
+	counted := func() bool {
+		wrong = nil
+		for i := range pools {
+			name := fmt.Sprintf("pool-%02d", i)
+			if c, u, ledger := totals(t, ns, name); c != 0 || u != 2 || ledger != 0 {
+				wrong = append(wrong, fmt.Sprintf("%s: completed %d, unexpected %d, ledger %d", name, c, u, ledger))
+			}
+		}
+		return len(wrong) == 0 && len(withFinalizer(t, ns)) == 0
+	}
+	assert.Eventually(t, counted, 3*time.Minute, time.Second,
+		"pods deleted while the aggregator was away, not all counted, or still held")
+	assert.Empty(t, wrong)
+	assert.Empty(t, withFinalizer(t, ns))
+}
+
 // TestHeldAtMostAcrossRestarts: the pool's status writes are refused, so
 // no pod can be recorded, and the aggregator is killed and started again
 // every 8 s, so that no process lives long enough to use a whole grace (8
