@@ -69,8 +69,14 @@ type Options struct {
 	// it, as the webhook does with verifyOwner.
 	VerifyOwner bool
 	// MayWrite, when set, tells whether this replica may still write: with
-	// leader election, whether it surely still holds the lease.
+	// leader election, whether it surely still holds the lease, and whether
+	// its pod view is fresh.
 	MayWrite func() bool
+	// Leads, when set, tells whether this replica surely holds the lease,
+	// whatever its pod view: the tracking grace runs while it does (and
+	// always when nil), so that a view that stays stale holds no pod past
+	// its grace.
+	Leads func() bool
 	// ViewEpoch, when set, changes whenever the pod view stops being fresh
 	// (Deps.ViewEpoch).
 	ViewEpoch func() uint64
@@ -164,7 +170,7 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 		return err
 	}
 	unrecorded := NewUnrecorded(parents, gate, indexed.GetIndexer(), parentCache, mgr.GetClient(),
-		recorder, opts.TrackingGrace, opts.MayWrite, reconciled, log.WithName("unrecorded"))
+		recorder, opts.TrackingGrace, opts.Leads, reconciled, log.WithName("unrecorded"))
 	unrecorded.live = mgr.GetAPIReader()
 	if opts.ServerNow != nil {
 		unrecorded.serverNow = opts.ServerNow

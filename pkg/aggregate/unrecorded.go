@@ -72,8 +72,10 @@ const parentReadWait = 2 * time.Second
 // The grace counts only time during which this process could record the
 // pod: from when it first saw the pod finished, once the pod's parent has
 // been reconciled while this replica may write (so after the start-up
-// sweep's read), and not while this replica is fenced or the gate cannot
-// tell whether the kind is servable. A pod whose finish no reconcile would
+// sweep's read), and not while this replica does not hold the lease or the
+// gate cannot tell whether the kind is servable. It keeps running while the
+// pod view is stale: a pod past it is decided from live reads of the pod and
+// of its parent's ledger (releaseLost). A pod whose finish no reconcile would
 // record — its parent gone (as the cache shows it), its kind keeping no
 // totals, its namespace out of scope — uses its grace without waiting for
 // a reconcile. An aggregator that was away gives every pod the whole grace
@@ -101,7 +103,9 @@ type Unrecorded struct {
 	writer     client.Writer
 	recorder   events.EventRecorder
 	grace      time.Duration
-	mayWrite   func() bool
+	// leads tells whether this replica holds the lease (nil: always),
+	// whatever its pod view: the grace runs while it does.
+	leads      func() bool
 	reconciled *reconciledParents
 	// recording is shared with the reconcilers; scope tells the namespaces
 	// where pods are tracked (nil: every one).
@@ -169,9 +173,9 @@ func (r *reconciledParents) triedSince(k parentKey) time.Time {
 // cannot be recorded. pods is the pod informer's indexer (with Indexers);
 // parents reads parents from the cache.
 func NewUnrecorded(kinds []config.Parent, gate *servable.Gate, pods toolscache.Indexer, parents client.Reader, writer client.Writer,
-	recorder events.EventRecorder, grace time.Duration, mayWrite func() bool, reconciled *reconciledParents, log logr.Logger) *Unrecorded {
+	recorder events.EventRecorder, grace time.Duration, leads func() bool, reconciled *reconciledParents, log logr.Logger) *Unrecorded {
 	return &Unrecorded{kinds: kinds, gate: gate, pods: pods, parents: parents, writer: writer, recorder: recorder,
-		grace: grace, mayWrite: mayWrite, reconciled: reconciled, log: log, now: time.Now, serverNow: time.Now,
+		grace: grace, leads: leads, reconciled: reconciled, log: log, now: time.Now, serverNow: time.Now,
 		held: map[schema.GroupKind]map[types.UID]heldPod{}, lastPass: map[schema.GroupKind]time.Time{}, logged: map[parentKey]time.Time{}}
 }
 
@@ -205,7 +209,7 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	if p.Tracked() {
 		problem = u.gate.Problem(kind)
 	}
-	writes := u.mayWrite == nil || u.mayWrite()
+	writes := u.leads == nil || u.leads()
 	parents := map[types.NamespacedName]graceOf{}
 	if writes && (problem == nil || !problem.Unknown) {
 		parents = u.graceRuns(ctx, p, held)
@@ -223,7 +227,7 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	u.logWaiting(kind, held, known, now, func(pod *Pod) string {
 		switch g := parents[parentOf(pod)]; {
 		case !writes:
-			return "this replica may not write (the lease not held, or the pod view stale): the grace waits"
+			return "this replica does not hold the lease: the grace waits"
 		case problem != nil && problem.Unknown:
 			return "whether the API server serves the kind with totals cannot be told: the grace waits"
 		case g.orphaned:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -449,6 +451,45 @@ func TestAwayOnABusyCluster(t *testing.T) {
 		"pods deleted while the aggregator was away, not all counted, or still held")
 	assert.Empty(t, wrong)
 	assert.Empty(t, withFinalizer(t, ns))
+}
+
+// TestGraceRunsWhileTheViewIsStale: a finished pod that cannot be recorded
+// (the pool's status writes refused) is held; then the aggregator's pod
+// lists and watches are answered 429 for 40 s, so its pod view is stale.
+// The grace (4 s) keeps running: the pod is released, as lost, within
+// seconds of its grace, while the view is still stale, after live reads of
+// the pod and of the ledger.
+func TestGraceRunsWhileTheViewIsStale(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	startWebhook(t, ns, withTotals)
+	_, pods := createPool(t, ns, "pool", 1)
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "aggregator.kubeconfig"))
+	require.NoError(t, err)
+	var breaker framework.WatchBreaker
+	breaker.Wrap(cfg)
+	proxy, err := framework.NewAPIProxy(cfg)
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, framework.WriteKubeconfig(proxy.Addr(), kubeconfig))
+	const grace, throttled = 4 * time.Second, 40 * time.Second
+	startAggregator(t, "aggregator", withTotals, "", "--tracking-grace", grace.String(), "--kubeconfig", kubeconfig)
+	require.Eventually(t, func() bool {
+		v, err := env.StatusCount(ctx, operator.GVK, ns, "pool", "status", "completing")
+		return err == nil && v == 0
+	}, 30*time.Second, 100*time.Millisecond, "the pool was never reconciled")
+
+	unblock := blockStatusWrites(t, ns)
+	defer unblock()
+	require.NoError(t, env.Client.Delete(ctx, pods[0].DeepCopy()))
+	deleted := time.Now()
+	time.Sleep(time.Second) // the aggregator sees the pod held
+	breaker.Throttle(true)
+	defer breaker.Throttle(false)
+	require.Eventually(t, func() bool { return len(withFinalizer(t, ns)) == 0 }, throttled-2*time.Second, 200*time.Millisecond,
+		"the pod was held while the pod view was stale, past its grace of %s", grace)
+	t.Logf("pod released %s after it was deleted, the pod view stale (grace %s)", time.Since(deleted).Round(100*time.Millisecond), grace)
 }
 
 // TestHeldAtMostAcrossRestarts: the pool's status writes are refused, so

@@ -242,6 +242,7 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *aggregate.Redu
 		mgrOpts.LeaseDuration, mgrOpts.RenewDeadline, mgrOpts.RetryPeriod = ptr.To(LeaseDuration), ptr.To(RenewDeadline), ptr.To(RetryPeriod)
 		mgrOpts.LeaderElectionReleaseOnCancel = true
 		aggOpts.MayWrite = func() bool { return lock.Holds() && view.Fresh() }
+		aggOpts.Leads = lock.Holds
 	}
 	mgr, err := ctrl.NewManager(restCfg, mgrOpts)
 	if err != nil {
