@@ -99,10 +99,10 @@ type Unrecorded struct {
 	pods    toolscache.Indexer
 	parents client.Reader
 	// live reads a parent from the API server, when set.
-	live       client.Reader
-	writer     client.Writer
-	recorder   events.EventRecorder
-	grace      time.Duration
+	live     client.Reader
+	writer   client.Writer
+	recorder events.EventRecorder
+	grace    time.Duration
 	// leads tells whether this replica holds the lease (nil: always),
 	// whatever its pod view: the grace runs while it does.
 	leads      func() bool
