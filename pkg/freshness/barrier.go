@@ -55,9 +55,11 @@ func (m *Monitor) Run(ctx context.Context) {
 			barriers.WithLabelValues("error").Inc()
 			d := wait.next()
 			m.log.V(1).Info("The pod view's barrier failed; trying again", "error", err.Error(), "in", d.String())
+			// A new doubt, or the informer answered again, ends the wait.
 			select {
 			case <-ctx.Done():
 				return
+			case <-m.wake:
 			case <-time.After(d):
 			}
 		default:

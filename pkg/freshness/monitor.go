@@ -73,7 +73,8 @@ type Monitor struct {
 	// lastTick is when the clock last saw the process run, as an offset
 	// from started; 0 before it runs.
 	lastTick atomic.Int64
-	// wake tells the barrier loop that a doubt was raised.
+	// wake tells the barrier loop that a doubt was raised, or that the
+	// informer was answered again.
 	wake chan struct{}
 
 	mu       sync.Mutex
@@ -159,6 +160,11 @@ func (m *Monitor) doubt(reason string, loud bool) {
 	if logIt {
 		m.log.Info("Pod watch interrupted: counts may be stale until it recovers", "reason", reason)
 	}
+	m.poke()
+}
+
+// poke wakes the barrier loop.
+func (m *Monitor) poke() {
 	select {
 	case m.wake <- struct{}{}:
 	default:

@@ -38,6 +38,9 @@ func (m *Monitor) Wrap(cfg *rest.Config) {
 				m.doubt(resp.Status, true)
 			default:
 				m.setThrottled(false)
+				// A barrier that failed meanwhile need not wait out its
+				// back-off.
+				m.poke()
 				body := &observedBody{ReadCloser: resp.Body, read: m.progressed}
 				if watching {
 					body.end = func() {

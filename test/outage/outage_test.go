@@ -235,6 +235,7 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
 	seen := watchCompleting(t, ns)
 
+	cost := barrierCost(t)
 	breaker.Set(true)
 	require.Eventually(t, func() bool { return staleSeconds(t) > 0 }, 10*time.Second, 50*time.Millisecond, "the broken pod watch is not noticed")
 	markIntent(t, pods[:3])
@@ -246,7 +247,7 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 	breaker.Set(false)
 	restored := time.Now()
 	require.Eventually(t, func() bool { return completing(t, ns) == 3 }, 30*time.Second, 50*time.Millisecond)
-	t.Logf("pod watch broken %s; counts right %s after it could deliver again", 4*time.Second, time.Since(restored).Round(10*time.Millisecond))
+	t.Logf("pod watch broken %s; counts right %s after it could deliver again; %s", 4*time.Second, time.Since(restored).Round(10*time.Millisecond), barrierCost(t).since(cost))
 	noStaleWriteAfterOverwrite(t, seen(), 0, "a stale count")
 }
 
@@ -575,6 +576,38 @@ func TestADeposedLeadersChangesAreNotWaiting(t *testing.T) {
 
 // counter reads the process's counter name, summed over its series that
 // carry every one of values.
+// barriers is what the pod view's barriers did and cost: by result, the
+// requests they sent, and the seconds from their doubts to their proofs.
+type barriers struct{ proved, superseded, failed, requests, seconds float64 }
+
+func barrierCost(t *testing.T) barriers {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	require.NoError(t, err)
+	var b barriers
+	for _, f := range families {
+		if f.GetName() == "tally_aggregator_pod_view_barrier_seconds" {
+			b.seconds = f.GetMetric()[0].GetHistogram().GetSampleSum()
+		}
+	}
+	b.proved = counter(t, "tally_aggregator_pod_view_barriers_total", "proved")
+	b.superseded = counter(t, "tally_aggregator_pod_view_barriers_total", "superseded")
+	b.failed = counter(t, "tally_aggregator_pod_view_barriers_total", "error")
+	b.requests = counter(t, "tally_aggregator_pod_view_barrier_requests_total")
+	return b
+}
+
+// since says what the barriers did since before.
+func (b barriers) since(before barriers) string {
+	proved := b.proved - before.proved
+	mean := 0.0
+	if proved > 0 {
+		mean = (b.seconds - before.seconds) / proved
+	}
+	return fmt.Sprintf("barriers: %.0f proved (%.2f s each), %.0f superseded, %.0f failed, %.0f requests",
+		proved, mean, b.superseded-before.superseded, b.failed-before.failed, b.requests-before.requests)
+}
+
 func counter(t *testing.T, name string, values ...string) float64 {
 	t.Helper()
 	families, err := ctrlmetrics.Registry.Gather()
@@ -638,6 +671,7 @@ func TestRecoversFromAnAPIServerRestart(t *testing.T) {
 				60*time.Second, 50*time.Millisecond)
 			require.Eventually(t, exact(int64(r*perRun)), 60*time.Second, 50*time.Millisecond)
 			conflicts := counter(t, "tally_aggregator_apply_conflicts_total")
+			cost := barrierCost(t)
 			require.NoError(t, env.RestartAPIServer(2*time.Second))
 			returned := time.Now()
 			for k := range perRun {
@@ -654,7 +688,7 @@ func TestRecoversFromAnAPIServerRestart(t *testing.T) {
 			}
 			took := time.Since(returned)
 			conflicted := counter(t, "tally_aggregator_apply_conflicts_total") - conflicts
-			t.Logf("every pool exact %s after the API server returned; %v conflicts", took.Round(10*time.Millisecond), conflicted)
+			t.Logf("every pool exact %s after the API server returned; %v conflicts; %s", took.Round(10*time.Millisecond), conflicted, barrierCost(t).since(cost))
 			assert.LessOrEqual(t, conflicted, float64(pools*perRun), "409 answers: at most one for each pod marked")
 			require.False(t, exited(), "the aggregator exited")
 		})
