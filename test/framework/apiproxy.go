@@ -9,8 +9,10 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -89,6 +91,23 @@ func (p *APIProxy) throttles(r *http.Request) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.throttled && r.Method != http.MethodGet && !strings.Contains(r.URL.Path, "/leases/")
+}
+
+// ProxiedKubeconfig starts an APIProxy to cfg's API server, stopped when
+// the test ends, and returns the path of a kubeconfig that reaches it: a
+// child process given it meets the faults of whatever cfg wraps.
+func ProxiedKubeconfig(t testing.TB, cfg *rest.Config) string {
+	t.Helper()
+	proxy, err := NewAPIProxy(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := WriteKubeconfig(proxy.Addr(), path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // WriteKubeconfig writes a kubeconfig, with no credentials, that reaches

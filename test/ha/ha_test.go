@@ -309,12 +309,7 @@ func TestAPauseCostsNoRelist(t *testing.T) {
 			cfg, relists := countingRelists(env.Config)
 			var breaker framework.WatchBreaker
 			breaker.Wrap(cfg)
-			proxy, err := framework.NewAPIProxy(cfg)
-			require.NoError(t, err)
-			t.Cleanup(proxy.Close)
-			kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-			require.NoError(t, framework.WriteKubeconfig(proxy.Addr(), kubeconfig))
-			a := startAggregatorWith(t, "paused", leaseNS, kubeconfig)
+			a := startAggregatorWith(t, "paused", leaseNS, framework.ProxiedKubeconfig(t, cfg))
 			a.waitReady(t)
 			waitCompleting(t, ns, 0, 30*time.Second)
 			before := relists.Load()

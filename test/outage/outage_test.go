@@ -222,18 +222,27 @@ func markIntent(t *testing.T, pods []*corev1.Pod) {
 
 var workerPools = &config.Config{Parents: []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool", Counts: config.DefaultCounts}}}
 
+// runBehindABreaker creates a pool of 6 pods and runs the aggregator with
+// its requests through a WatchBreaker, until its counts are written; it
+// returns the pool's namespace, its pods, the breaker, and the values its
+// status.completing took from then on.
+func runBehindABreaker(t *testing.T) (string, []*corev1.Pod, *framework.WatchBreaker, func() []int64) {
+	t.Helper()
+	ns, pods := createPool(t, 6)
+	cfg := rest.CopyConfig(env.Config)
+	breaker := &framework.WatchBreaker{}
+	breaker.Wrap(cfg)
+	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
+	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
+	return ns, pods, breaker, watchCompleting(t, ns)
+}
+
 // TestNoWriteFromAStaleView: while the pod watch is broken and the API
 // server answers everything else, a parent event (someone overwrites the
 // status) is not answered with counts from the stale pods; once the watch
 // delivers again, the counts are written right, by themselves.
 func TestNoWriteFromAStaleView(t *testing.T) {
-	ns, pods := createPool(t, 6)
-	cfg := rest.CopyConfig(env.Config)
-	var breaker framework.WatchBreaker
-	breaker.Wrap(cfg)
-	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
-	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
-	seen := watchCompleting(t, ns)
+	ns, pods, breaker, seen := runBehindABreaker(t)
 
 	cost := barrierCost(t)
 	breaker.Set(true)
@@ -258,13 +267,7 @@ func TestNoWriteFromAStaleView(t *testing.T) {
 // counts from the pods as they were before the cut: the view is fresh only
 // once the relist is in the cache, not on its response's headers.
 func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
-	ns, pods := createPool(t, 6)
-	cfg := rest.CopyConfig(env.Config)
-	var breaker framework.WatchBreaker
-	breaker.Wrap(cfg)
-	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
-	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
-	seen := watchCompleting(t, ns)
+	ns, pods, breaker, seen := runBehindABreaker(t)
 
 	breaker.Set(true)
 	require.Eventually(t, func() bool { return staleSeconds(t) > 0 }, 10*time.Second, 50*time.Millisecond, "the broken pod watch is not noticed")
@@ -294,13 +297,7 @@ func TestNoWriteUntilTheRelistIsDelivered(t *testing.T) {
 // before: the view is fresh only once the cache holds a version read after
 // the break, not after the watch stayed open a while.
 func TestNoWriteBeforeAResumedWatchIsDelivered(t *testing.T) {
-	ns, pods := createPool(t, 6)
-	cfg := rest.CopyConfig(env.Config)
-	var breaker framework.WatchBreaker
-	breaker.Wrap(cfg)
-	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
-	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 30*time.Second, 50*time.Millisecond)
-	seen := watchCompleting(t, ns)
+	ns, pods, breaker, seen := runBehindABreaker(t)
 
 	const delay = 3 * time.Second
 	breaker.SlowResumes(delay)

@@ -468,13 +468,8 @@ func TestGraceRunsWhileTheViewIsStale(t *testing.T) {
 	require.NoError(t, err)
 	var breaker framework.WatchBreaker
 	breaker.Wrap(cfg)
-	proxy, err := framework.NewAPIProxy(cfg)
-	require.NoError(t, err)
-	t.Cleanup(proxy.Close)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, framework.WriteKubeconfig(proxy.Addr(), kubeconfig))
 	const grace, throttled = 4 * time.Second, 40 * time.Second
-	startAggregator(t, "aggregator", withTotals, "", "--tracking-grace", grace.String(), "--kubeconfig", kubeconfig)
+	startAggregator(t, "aggregator", withTotals, "", "--tracking-grace", grace.String(), "--kubeconfig", framework.ProxiedKubeconfig(t, cfg))
 	require.Eventually(t, func() bool {
 		v, err := env.StatusCount(ctx, operator.GVK, ns, "pool", "status", "completing")
 		return err == nil && v == 0
