@@ -2,6 +2,7 @@ package aggregate
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -27,6 +28,40 @@ type graceOf struct {
 // time a record waited in the client's rate limiter, is no chance.
 func (g graceOf) hadAChance(seen time.Time) bool {
 	return g.orphaned || !g.tried.IsZero() && !g.tried.Before(seen)
+}
+
+// reconciledParents records the parents reconciled while this replica may
+// write (the grace of a parent's pods runs only from then), and when each
+// last tried to record its finished pods: a pod past the hold limit is
+// released uncounted only once a record of its parent that began after the
+// pod was seen held was tried, and answered or failed.
+type reconciledParents struct{ m, tried sync.Map }
+
+func (r *reconciledParents) add(k parentKey) { r.m.Store(k, struct{}{}) }
+
+// forget drops a parent that is gone, so that the set holds only parents
+// that exist.
+func (r *reconciledParents) forget(k parentKey) {
+	r.m.Delete(k)
+	r.tried.Delete(k)
+}
+
+func (r *reconciledParents) has(k parentKey) bool {
+	_, ok := r.m.Load(k)
+	return ok
+}
+
+// recorded records that a record of k's finished pods that began at began
+// was tried: written, refused, or failed.
+func (r *reconciledParents) recorded(k parentKey, began time.Time) { r.tried.Store(k, began) }
+
+// triedSince returns when the last record of k that was tried began; zero
+// if none was.
+func (r *reconciledParents) triedSince(k parentKey) time.Time {
+	if v, ok := r.tried.Load(k); ok {
+		return v.(time.Time)
+	}
+	return time.Time{}
 }
 
 // parentOf names pod's parent.
