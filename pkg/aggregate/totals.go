@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -95,11 +97,12 @@ func (r *Reconciler) stepTotals(ctx context.Context, parent *unstructured.Unstru
 //
 // A record tried to its end is reported to Unrecorded, with when it began:
 // a pod past the hold limit is released uncounted only after its parent had
-// that chance. A ledger written, or one the API server refused, is such a
-// chance, and so is a step that needed no write; a record that waits for a
-// fold, could not confirm the pods, or whose apply was fenced, met a
-// conflict, was throttled or was not sent in time (after a wait in the
-// client's rate limiter) is not.
+// that chance. A ledger written, or one the API server refused (refused),
+// is such a chance, and so is a step that needed no write; a record that
+// waits for a fold, could not confirm the pods, or whose apply was fenced,
+// met a conflict, was throttled, was not sent in time (after a wait in the
+// client's rate limiter) or failed on the way (a connection refused, a 5xx,
+// a 404 from an API server that has not read its CRDs yet) is not.
 func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructured, pods []*Pod, book Book, own ownership, merged bool) (Step, reconcile.Result, error) {
 	key := parentKey{kind: r.gvk.GroupKind(), name: client.ObjectKeyFromObject(parent)}
 	defer r.recording.lock(key)()
@@ -113,7 +116,7 @@ func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructur
 	}
 	if merged || !step.Book.Equal(&book) {
 		result, err := r.applyTotals(ctx, parent, own, &step.Book)
-		if err != nil || result.RequeueAfter == 0 {
+		if err == nil && result.RequeueAfter == 0 || refused(err) {
 			r.tried(key, began)
 		}
 		if err != nil || result.RequeueAfter > 0 {
@@ -123,6 +126,22 @@ func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructur
 	}
 	r.tried(key, began)
 	return step, reconcile.Result{}, nil
+}
+
+// refused reports whether err is the API server's refusal of a write: a
+// 4xx other than not found, a timeout, a conflict or throttling, which the
+// same write sent again would meet again (a policy, a schema, a permission).
+func refused(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return false
+	}
+	switch code := status.Status().Code; code {
+	case http.StatusNotFound, http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
+		return false
+	default:
+		return code >= 400 && code < 500
+	}
 }
 
 // tried reports a record of key tried, that began at began.

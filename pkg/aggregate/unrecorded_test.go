@@ -488,3 +488,27 @@ func TestHeldPodsAreLoggedWithWhy(t *testing.T) {
 	u.logWaiting(kind, held, known, clocks{now.Add(time.Minute), now.Add(time.Minute)}, why)
 	assert.Len(t, lines, 3, "a logged again a minute later, b now held for a minute too")
 }
+
+// TestRefused: only an answer that the same write would meet again is a
+// refusal; a failure on the way, a conflict or throttling is not.
+func TestRefused(t *testing.T) {
+	gr := schema.GroupResource{Group: "example.tally.dev", Resource: "workerpools"}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("applying: %w", apierrors.NewForbidden(gr, "pool", errors.New("no"))), true},
+		{apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "WorkerPool"}, "pool", nil), true},
+		{apierrors.NewBadRequest("field not declared in schema"), true},
+		{apierrors.NewNotFound(gr, "pool"), false},
+		{apierrors.NewConflict(gr, "pool", errors.New("changed")), false},
+		{apierrors.NewTooManyRequests("slow down", 1), false},
+		{apierrors.NewTimeoutError("slow", 1), false},
+		{apierrors.NewInternalError(errors.New("etcd")), false},
+		{apierrors.NewServiceUnavailable("starting"), false},
+		{errors.New("connection refused"), false},
+		{nil, false},
+	} {
+		assert.Equal(t, tc.want, refused(tc.err), "%v", tc.err)
+	}
+}

@@ -7,6 +7,7 @@ package apiclock
 
 import (
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,12 +22,14 @@ type Clock struct {
 	date, at time.Time
 }
 
-// Wrap makes every answer to cfg's requests set the clock.
+// Wrap makes the answers to cfg's requests for the core API group set the
+// clock: those the API server answers itself (another group may be served
+// by an aggregated API server, on another machine's clock).
 func (c *Clock) Wrap(cfg *rest.Config) {
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
 			resp, err := rt.RoundTrip(req)
-			if err == nil {
+			if err == nil && strings.HasPrefix(req.URL.Path, "/api/") {
 				c.observe(resp.Header.Get("Date"), time.Now())
 			}
 			return resp, err

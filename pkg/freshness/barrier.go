@@ -95,14 +95,21 @@ func (m *Monitor) needsBarrier() (uint64, bool) {
 // the watch starts again from what the relist delivers.
 func (m *Monitor) barrier(ctx context.Context, gen uint64) error {
 	began := m.now()
+	// A request hung on a connection that carries nothing is given up once
+	// a newer doubt comes.
+	ctx, cancel := m.whileCurrent(ctx, gen)
+	defer cancel()
 	read, err := m.readVersion(ctx)
 	if err != nil {
+		if m.superseded(gen) {
+			return errSuperseded
+		}
 		return fmt.Errorf("reading the current resourceVersion: %w", err)
 	}
 	if !m.setRead(gen, read, began) {
 		return errSuperseded
 	}
-	from, err := m.waitHolding(ctx, gen, "")
+	from, err := m.waitHolding(ctx, gen, "", 0)
 	if err != nil {
 		return err
 	}
@@ -111,10 +118,17 @@ func (m *Monitor) barrier(ctx context.Context, gen uint64) error {
 		res, err := m.watchFrom(ctx, gen, from, read)
 		switch {
 		case errors.Is(err, errExpired):
-			if from, err = m.waitHolding(ctx, gen, from); err != nil {
+			// Usually the informer relists: go on from what it delivers.
+			// Another API server than the informer's may have answered
+			// (one just started keeps a shorter history): after a while,
+			// the watch is sent again as it was.
+			next, err := m.waitHolding(ctx, gen, from, expiredWait)
+			if err != nil {
 				return err
 			}
-			target = from
+			if next != from {
+				from, target = next, next
+			}
 			continue
 		case err != nil:
 			return err
@@ -125,20 +139,51 @@ func (m *Monitor) barrier(ctx context.Context, gen uint64) error {
 		if res.proved {
 			break
 		}
-		if res.last != "" {
-			// The watch ended before it reached the version read: go on
-			// from where it was.
-			from = res.last
+		if res.last == "" {
+			// The watch ended with nothing, not even a bookmark: the API
+			// server's cache has seen nothing past from (one without
+			// consistent reads from its cache), or something between
+			// ends watches at once. Tried again after a back-off.
+			return fmt.Errorf("the watch from resourceVersion %s ended before it reached %s", from, read)
 		}
+		// The watch ended before it reached the version read: go on from
+		// where it was.
+		from = res.last
 	}
 	m.log.V(1).Info("Pod view barrier proved", "read", read, "target", target)
 	m.prove(gen, target)
 	return nil
 }
 
+// expiredWait is how long a barrier whose watch was answered 410 Gone
+// waits for the informer to relist before it sends the watch again.
+const expiredWait = 5 * time.Second
+
+// whileCurrent returns a context that ends with ctx, or once gen is
+// superseded.
+func (m *Monitor) whileCurrent(ctx context.Context, gen uint64) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(barrierPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if m.superseded(gen) {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return ctx, cancel
+}
+
 // readVersion reads the resource's current resourceVersion consistently.
 func (m *Monitor) readVersion(ctx context.Context) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	barrierRequests.Inc()
 	list, err := m.meta.Resource(m.opts.Resource).List(ctx, metav1.ListOptions{LabelSelector: m.opts.LabelSelector, Limit: 1})
@@ -192,6 +237,11 @@ func (m *Monitor) watchFrom(ctx context.Context, gen uint64, from, read string) 
 				return res, errSuperseded
 			}
 		case ev, ok := <-w.ResultChan():
+			// The API server answers the barrier: until it proves the view
+			// fresh, a new informer would wait for the same (an API server
+			// whose pod cache lags behind the version read), so this is no
+			// stall. Once it has, only the informer's deliveries count.
+			m.progressed()
 			if !ok {
 				return res, nil
 			}
@@ -260,9 +310,13 @@ func (m *Monitor) superseded(gen uint64) bool {
 }
 
 // waitHolding waits until the cache holds a version other than not, and
-// returns it.
-func (m *Monitor) waitHolding(ctx context.Context, gen uint64, not string) (string, error) {
+// returns it; or, when limit is not 0, returns not once limit has passed.
+func (m *Monitor) waitHolding(ctx context.Context, gen uint64, not string, limit time.Duration) (string, error) {
+	deadline := m.now() + limit
 	for {
+		if limit > 0 && m.now() >= deadline {
+			return not, nil
+		}
 		m.check()
 		if m.superseded(gen) {
 			return "", errSuperseded

@@ -211,8 +211,10 @@ func (m *Monitor) Throttled() bool {
 
 // Stalled returns how long the view has not been fresh with nothing
 // delivered meanwhile: no byte of the informer's list or watch read, no
-// change of what its cache holds, nothing synced waiting to be delivered.
-// A relist that makes progress, however long, is not stalled.
+// change of what its cache holds, nothing synced waiting to be delivered,
+// and no answer to a barrier's watch that has yet to prove the view fresh.
+// A relist that makes progress, however long, is not stalled; an informer
+// that does not deliver what a barrier proved it must is.
 func (m *Monitor) Stalled() time.Duration {
 	if m.Fresh() {
 		return 0

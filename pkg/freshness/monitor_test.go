@@ -86,6 +86,9 @@ type fakeAPI struct {
 	informer http.HandlerFunc
 	// away fails the API server's version.
 	away bool
+	// hangLists makes that many of the barrier's LISTs hang until they are
+	// given up.
+	hangLists int
 }
 
 // script is a watch's answer: a status code, or events ("ADDED 12",
@@ -122,8 +125,13 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	if q.Get("watch") != "true" {
 		f.mu.Lock()
-		read := f.read
+		read, hang := f.read, f.hangLists > 0
+		f.hangLists--
 		f.mu.Unlock()
+		if hang {
+			<-r.Context().Done()
+			return
+		}
 		fmt.Fprintf(w, `{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":%q},"items":[]}`, read)
 		return
 	}
@@ -410,4 +418,27 @@ func TestWatchdog(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAHungBarrierIsGivenUpOnADoubt: a barrier whose LIST hangs (a
+// connection that carries nothing) is given up as soon as a newer doubt
+// comes, not after the LIST's own timeout.
+func TestAHungBarrierIsGivenUpOnADoubt(t *testing.T) {
+	api := &fakeAPI{read: "30", scripts: []script{{events: []string{"BOOKMARK 30"}, hold: true}}, hangLists: 1}
+	m, _, _ := started(t, api)
+	assert.Never(t, m.Fresh, 500*time.Millisecond, 10*time.Millisecond, "fresh while the barrier's LIST hangs")
+	m.Doubt("the watch ended", false)
+	assert.Eventually(t, m.Fresh, 2*time.Second, 10*time.Millisecond, "the hung barrier held the view stale")
+}
+
+// TestABarrierWatchThatEndsAtOnceBacksOff: a barrier's watch that ends at
+// once with nothing (something between that ends watches, an API server
+// whose cache has seen nothing past the cache's version) is sent again
+// after a back-off, not in a loop.
+func TestABarrierWatchThatEndsAtOnceBacksOff(t *testing.T) {
+	api := &fakeAPI{read: "30", scripts: []script{{}}}
+	m, _, _ := started(t, api)
+	time.Sleep(2 * time.Second)
+	assert.False(t, m.Fresh())
+	assert.Less(t, len(api.watchedFrom()), 15, "watches sent in 2 s")
 }

@@ -27,17 +27,17 @@ func (m *Monitor) Wrap(cfg *rest.Config) {
 				m.doubt("a relist", false)
 			}
 			resp, err := rt.RoundTrip(req)
+			if req.Context().Err() == nil {
+				// Throttled as long as the last answer says so.
+				m.setThrottled(err == nil && resp.StatusCode == http.StatusTooManyRequests)
+			}
 			switch {
 			case err != nil && req.Context().Err() == nil:
 				m.doubt(err.Error(), true)
 			case err != nil:
-			case resp.StatusCode == http.StatusTooManyRequests:
-				m.setThrottled(true)
-				m.doubt(resp.Status, true)
 			case resp.StatusCode != http.StatusOK:
 				m.doubt(resp.Status, true)
 			default:
-				m.setThrottled(false)
 				// A barrier that failed meanwhile need not wait out its
 				// back-off.
 				m.poke()
