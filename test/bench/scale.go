@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -69,6 +71,12 @@ type scaleResult struct {
 	burstCPU                    time.Duration
 	burstChanges                int
 	rssPerPod                   float64
+	// A 3 s pause of tally's process (SIGSTOP) while 1-2% of the pods gain
+	// an intent: from the process running again to every parent right, and
+	// the CPU it used meanwhile (a relist of every pod would show).
+	pauseChanges   int
+	pauseConverged time.Duration
+	pauseCPU       time.Duration
 }
 
 // runScale creates namespaces × parents × pods pods (Kubernetes' limits are
@@ -250,6 +258,10 @@ func runScale(ctx context.Context, env *framework.Env, namespaces, parentsPerNS,
 		fmt.Printf("%s: every parent right %s after start; RSS idle %.0f MiB, peak %.0f MiB, steady %.0f MiB (%.0f B per pod above idle); CPU %.1f s to the first complete write; burst of %d changes converged in %s, %.2f CPU s per 1,000 changes\n",
 			r.name, r.firstComplete.Round(time.Millisecond), mib(r.idleRSS), mib(r.peakRSS), mib(r.steadyRSS), r.rssPerPod,
 			r.initialCPU.Seconds(), r.burstChanges, r.burstConverged.Round(time.Millisecond), r.burstCPU.Seconds()/float64(r.burstChanges)*1000)
+		if r.pauseChanges > 0 {
+			fmt.Printf("%s: paused %s while %d pods gained an intent: every parent right %s after it ran again, with %.2f CPU s meanwhile\n",
+				r.name, pauseFor, r.pauseChanges, r.pauseConverged.Round(time.Millisecond), r.pauseCPU.Seconds())
+		}
 	}
 	fmt.Println()
 	fmt.Printf("| | pods | every parent right after | RSS idle | RSS peak | RSS steady | per pod above idle | CPU to first complete write | burst of 10%%: converged | CPU per 1,000 changes |\n|---|---|---|---|---|---|---|---|---|---|\n")
@@ -329,24 +341,7 @@ func measure(ctx context.Context, c client.Client, cs kubernetes.Interface, ct c
 	r.steadyRSS = rss(p.Pid())
 
 	// Burst: 10% of the pods gain an intent (pods of this round only).
-	var changes []func() error
-	for _, pool := range pools {
-		for j, pod := range pool.pods {
-			if j%10 != round || pod.Annotations[keys.CompletionIntent] != "" {
-				continue
-			}
-			if pod.Annotations == nil {
-				pod.Annotations = map[string]string{}
-			}
-			pod.Annotations[keys.CompletionIntent] = "scale-down"
-			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"scale-down",%q:%q,%q:"bench"}}}`,
-				keys.CompletionIntent, keys.CompletionIntentAt, stampTime, keys.CompletionIntentBy)
-			changes = append(changes, func() error {
-				_, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-				return err
-			})
-		}
-	}
+	changes := markIntents(ctx, cs, pools, func(j int) bool { return j%10 == round })
 	r.burstChanges = len(changes)
 	cpu0 := cpu(p.Pid())
 	start = time.Now()
@@ -361,7 +356,67 @@ func measure(ctx context.Context, c client.Client, cs kubernetes.Interface, ct c
 	mu.Lock()
 	r.peakRSS = peak
 	mu.Unlock()
+	if strings.HasPrefix(ct.name, "tally") {
+		if err := pause(ctx, c, cs, p, pools, round, &r); err != nil {
+			return r, err
+		}
+	}
 	return r, nil
+}
+
+// markIntents returns the changes that give an intent to the pods, j-th of
+// their pool, that pick picks and that have none yet, and records it in the
+// pools' truth.
+func markIntents(ctx context.Context, cs kubernetes.Interface, pools []*scalePool, pick func(j int) bool) []func() error {
+	var changes []func() error
+	for _, pool := range pools {
+		for j, pod := range pool.pods {
+			if !pick(j) || pod.Annotations[keys.CompletionIntent] != "" {
+				continue
+			}
+			if pod.Annotations == nil {
+				pod.Annotations = map[string]string{}
+			}
+			pod.Annotations[keys.CompletionIntent] = "scale-down"
+			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"scale-down",%q:%q,%q:"bench"}}}`,
+				keys.CompletionIntent, keys.CompletionIntentAt, stampTime, keys.CompletionIntentBy)
+			changes = append(changes, func() error {
+				_, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+				return err
+			})
+		}
+	}
+	return changes
+}
+
+// pauseFor is how long pause stops tally's process.
+const pauseFor = 3 * time.Second
+
+// pause stops p (SIGSTOP) for pauseFor while 1-2% of the pods, of a tenth
+// that no burst changes, gain an intent, and measures from when p runs
+// again to every parent right, and the CPU p used meanwhile.
+func pause(ctx context.Context, c client.Client, cs kubernetes.Interface, p *process.Process, pools []*scalePool, round int, r *scaleResult) error {
+	// Two of each hundred, x and x+10, one of which has no intent yet (a
+	// pod's index a multiple of 3 has one from the start); never a burst's.
+	x := (round + 5) % 10
+	changes := markIntents(ctx, cs, pools, func(j int) bool { return j%100 == x || j%100 == x+10 })
+	r.pauseChanges = len(changes)
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	stopped := time.Now()
+	err := parallel(48, changes)
+	time.Sleep(time.Until(stopped.Add(pauseFor)))
+	if err := errors.Join(err, p.Signal(syscall.SIGCONT)); err != nil {
+		return err
+	}
+	cpu0, start := cpu(p.Pid()), time.Now()
+	if err := waitRight(ctx, c, pools, 15*time.Minute); err != nil {
+		return fmt.Errorf("after a pause: %w", err)
+	}
+	r.pauseConverged = time.Since(start)
+	r.pauseCPU = cpu(p.Pid()) - cpu0
+	return nil
 }
 
 // waitRight waits until every pool's status equals its truth.
