@@ -139,11 +139,11 @@ func (m *Monitor) barrier(ctx context.Context, gen uint64) error {
 		if res.proved {
 			break
 		}
-		if res.last == "" {
-			// The watch ended with nothing, not even a bookmark: the API
-			// server's cache has seen nothing past from (one without
-			// consistent reads from its cache), or something between
-			// ends watches at once. Tried again after a back-off.
+		if res.last == "" || res.last == from || !atLeast(res.last, from) {
+			// The watch ended with nothing past from, not even a
+			// bookmark: the API server's cache has seen nothing past it
+			// (one without consistent reads from its cache), or something
+			// between ends watches at once. Tried again after a back-off.
 			return fmt.Errorf("the watch from resourceVersion %s ended before it reached %s", from, read)
 		}
 		// The watch ended before it reached the version read: go on from

@@ -1,6 +1,7 @@
 package freshness
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -372,6 +373,11 @@ func TestWatchdog(t *testing.T) {
 		list  func(w http.ResponseWriter, r *http.Request)
 		away  bool
 		stops bool
+		// synced is what the informer holds, its first sync under way
+		// when empty.
+		synced string
+		// after is the watchdog's bound; 1 s when 0.
+		after time.Duration
 	}{
 		{name: "nothing delivered", stops: true, list: func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }},
 		{name: "failing", stops: true, list: func(w http.ResponseWriter, _ *http.Request) {
@@ -389,11 +395,17 @@ func TestWatchdog(t *testing.T) {
 			http.Error(w, "slow down", http.StatusTooManyRequests)
 		}},
 		{name: "the API server away", away: true, list: func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }},
+		// Each barrier's answer is progress; they come after a back-off
+		// that grows to 5 s, a quarter of StallAfter.
+		{name: "its pod cache behind the version read", synced: "20", after: 3 * time.Second,
+			list: func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			api := &fakeAPI{read: "30", scripts: []script{{hold: true}}, informer: tc.list, away: tc.away}
+			// The barrier's watches end with a bookmark behind the version
+			// read, as from an API server whose pod cache lags behind it.
+			api := &fakeAPI{read: "30", scripts: []script{{events: []string{"BOOKMARK 20"}}}, informer: tc.list, away: tc.away}
 			m, inf, cfg := started(t, api)
-			inf.set("", "") // a first sync under way
+			inf.set(tc.synced, tc.synced)
 			cfg = rest.CopyConfig(cfg)
 			m.Wrap(cfg)
 			client, err := rest.HTTPClientFor(cfg)
@@ -410,7 +422,7 @@ func TestWatchdog(t *testing.T) {
 					time.Sleep(100 * time.Millisecond)
 				}
 			}()
-			err = m.Watchdog(ctx, cfg, time.Second)
+			err = m.Watchdog(ctx, cfg, cmp.Or(tc.after, time.Second))
 			if tc.stops {
 				assert.ErrorIs(t, err, ErrStalled)
 			} else {
