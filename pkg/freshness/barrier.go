@@ -49,7 +49,8 @@ func (m *Monitor) Run(ctx context.Context) {
 		switch {
 		case ctx.Err() != nil:
 			return
-		case errors.Is(err, errSuperseded):
+		case errors.Is(err, errSuperseded) || err != nil && m.superseded(gen):
+			// (A request given up because a newer doubt came fails too.)
 			barriers.WithLabelValues("superseded").Inc()
 		case err != nil:
 			barriers.WithLabelValues("error").Inc()
@@ -91,8 +92,9 @@ func (m *Monitor) needsBarrier() (uint64, bool) {
 //  3. the view is fresh once the cache holds the target, or the version
 //     read (check).
 //
-// A cache whose version the API server no longer keeps (410) is relisting:
-// the watch starts again from what the relist delivers.
+// A cache whose version the API server no longer keeps (410) is usually
+// relisting: the watch starts again from what the relist delivers, or as it
+// was after expiredWait.
 func (m *Monitor) barrier(ctx context.Context, gen uint64) error {
 	began := m.now()
 	// A request hung on a connection that carries nothing is given up once
