@@ -129,15 +129,16 @@ func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructur
 }
 
 // refused reports whether err is the API server's refusal of a write: a
-// 4xx other than not found, a timeout, a conflict or throttling, which the
-// same write sent again would meet again (a policy, a schema, a permission).
+// 4xx other than unauthorized (credentials that expired on the way), not
+// found, a timeout, a conflict or throttling, which the same write sent
+// again would meet again (a policy, validation, a permission).
 func refused(err error) bool {
 	var status apierrors.APIStatus
 	if !errors.As(err, &status) {
 		return false
 	}
 	switch code := status.Status().Code; code {
-	case http.StatusNotFound, http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
+	case http.StatusUnauthorized, http.StatusNotFound, http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
 		return false
 	default:
 		return code >= 400 && code < 500

@@ -499,7 +499,8 @@ func TestRefused(t *testing.T) {
 	}{
 		{fmt.Errorf("applying: %w", apierrors.NewForbidden(gr, "pool", errors.New("no"))), true},
 		{apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "WorkerPool"}, "pool", nil), true},
-		{apierrors.NewBadRequest("field not declared in schema"), true},
+		{apierrors.NewBadRequest("spec: Invalid value"), true},
+		{apierrors.NewUnauthorized("token expired"), false},
 		{apierrors.NewNotFound(gr, "pool"), false},
 		{apierrors.NewConflict(gr, "pool", errors.New("changed")), false},
 		{apierrors.NewTooManyRequests("slow down", 1), false},

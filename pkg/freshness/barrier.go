@@ -56,7 +56,12 @@ func (m *Monitor) Run(ctx context.Context) {
 			barriers.WithLabelValues("error").Inc()
 			d := wait.next()
 			m.log.V(1).Info("The pod view's barrier failed; trying again", "error", err.Error(), "in", d.String())
-			// A new doubt, or the informer answered again, ends the wait.
+			// A new doubt, or the informer answered again after failing,
+			// ends the wait; not one that came before it.
+			select {
+			case <-m.wake:
+			default:
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -228,6 +233,7 @@ func (m *Monitor) watchFrom(ctx context.Context, gen uint64, from, read string) 
 		return res, err
 	}
 	defer w.Stop()
+	opened := time.Now()
 	poll := time.NewTicker(barrierPoll)
 	defer poll.Stop()
 	for {
@@ -239,11 +245,16 @@ func (m *Monitor) watchFrom(ctx context.Context, gen uint64, from, read string) 
 				return res, errSuperseded
 			}
 		case ev, ok := <-w.ResultChan():
-			// The API server answers the barrier: until it proves the view
-			// fresh, a new informer would wait for the same (an API server
-			// whose pod cache lags behind the version read), so this is no
-			// stall. Once it has, only the informer's deliveries count.
-			m.progressed()
+			// An API server whose pod cache lags behind the version read
+			// answers the barrier with bookmarks behind it, or with a
+			// watch that stays open to its end with nothing: a new
+			// informer would wait for the same, so that is no stall. An
+			// error (410 among them: the informer relists, and a relist
+			// that delivers nothing is a stall), or a watch ended early,
+			// is not progress; nor is anything once the view is proved.
+			if ok && ev.Type != watch.Error || !ok && time.Since(opened) >= (barrierWatchSeconds-1)*time.Second {
+				m.progressed()
+			}
 			if !ok {
 				return res, nil
 			}

@@ -74,7 +74,7 @@ type Monitor struct {
 	// from started; 0 before it runs.
 	lastTick atomic.Int64
 	// wake tells the barrier loop that a doubt was raised, or that the
-	// informer was answered again.
+	// informer was answered again after failing.
 	wake chan struct{}
 
 	mu       sync.Mutex
@@ -89,8 +89,8 @@ type Monitor struct {
 	loud      bool
 	loudSince time.Duration
 	// throttled is set while the last answer to the informer's list or
-	// watch was 429 Too Many Requests.
-	throttled bool
+	// watch was 429 Too Many Requests; failing while it was not 200.
+	throttled, failing bool
 	// bar is what the barrier of generation bar.gen established.
 	bar barrierState
 	// delivered is the last version the cache was seen to hold, and

@@ -383,6 +383,9 @@ func TestWatchdog(t *testing.T) {
 		synced string
 		// after is the watchdog's bound; 1 s when 0.
 		after time.Duration
+		// scripts answer the barrier's watches; bookmarks behind the
+		// version read when nil.
+		scripts []script
 	}{
 		{name: "nothing delivered", stops: true, list: func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }},
 		{name: "failing", stops: true, list: func(w http.ResponseWriter, _ *http.Request) {
@@ -400,6 +403,13 @@ func TestWatchdog(t *testing.T) {
 			http.Error(w, "slow down", http.StatusTooManyRequests)
 		}},
 		{name: "the API server away", away: true, list: func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }},
+		{name: "throttled once, then nothing", stops: true, list: throttledOnce()},
+		// The barrier's watches answered 410 (as a watch cache answers a
+		// version too old): the informer relists, and a relist that
+		// delivers nothing is a stall all the same.
+		{name: "a relist that delivers nothing, the barrier answered 410", synced: "20", stops: true, after: 2 * time.Second,
+			scripts: []script{{events: []string{"ERROR 410"}}},
+			list:    func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }},
 		// Each barrier's answer is progress; they come after a back-off
 		// that grows to 5 s, a quarter of StallAfter.
 		{name: "its pod cache behind the version read", synced: "20", after: 3 * time.Second,
@@ -408,7 +418,11 @@ func TestWatchdog(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// The barrier's watches end with a bookmark behind the version
 			// read, as from an API server whose pod cache lags behind it.
-			api := &fakeAPI{read: "30", scripts: []script{{events: []string{"BOOKMARK 20"}}}, informer: tc.list, away: tc.away}
+			scripts := tc.scripts
+			if scripts == nil {
+				scripts = []script{{events: []string{"BOOKMARK 20"}}}
+			}
+			api := &fakeAPI{read: "30", scripts: scripts, informer: tc.list, away: tc.away}
 			m, inf, cfg := started(t, api)
 			inf.set(tc.synced, tc.synced)
 			cfg = rest.CopyConfig(cfg)
@@ -458,4 +472,18 @@ func TestABarrierWatchThatEndsAtOnceBacksOff(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	assert.False(t, m.Fresh())
 	assert.Less(t, len(api.watchedFrom()), 15, "watches sent in 2 s")
+}
+
+// throttledOnce answers a first list 429, and leaves the others
+// unanswered.
+func throttledOnce() func(http.ResponseWriter, *http.Request) {
+	var n atomic.Int64
+	return func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+			return
+		}
+		<-r.Context().Done()
+	}
 }

@@ -26,10 +26,18 @@ func (m *Monitor) Wrap(cfg *rest.Config) {
 			if (!watching && query.Get("continue") == "") || (watching && query.Get("sendInitialEvents") == "true") {
 				m.doubt("a relist", false)
 			}
+			// Throttled while the last answer says so, not while a request
+			// sent again waits for its answer.
+			m.setThrottled(false)
 			resp, err := rt.RoundTrip(req)
+			failed := err != nil || resp.StatusCode != http.StatusOK
 			if req.Context().Err() == nil {
-				// Throttled as long as the last answer says so.
 				m.setThrottled(err == nil && resp.StatusCode == http.StatusTooManyRequests)
+				if m.answered(!failed) {
+					// A barrier that failed meanwhile need not wait out
+					// its back-off.
+					m.poke()
+				}
 			}
 			switch {
 			case err != nil && req.Context().Err() == nil:
@@ -38,9 +46,6 @@ func (m *Monitor) Wrap(cfg *rest.Config) {
 			case resp.StatusCode != http.StatusOK:
 				m.doubt(resp.Status, true)
 			default:
-				// A barrier that failed meanwhile need not wait out its
-				// back-off.
-				m.poke()
 				body := &observedBody{ReadCloser: resp.Body, read: m.progressed}
 				if watching {
 					body.end = func() {
@@ -54,6 +59,16 @@ func (m *Monitor) Wrap(cfg *rest.Config) {
 			return resp, err
 		})
 	})
+}
+
+// answered records whether the informer's last request was answered 200,
+// and reports whether it was after one that was not.
+func (m *Monitor) answered(ok bool) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	again := ok && m.failing
+	m.failing = !ok
+	return again
 }
 
 func (m *Monitor) setThrottled(on bool) {
