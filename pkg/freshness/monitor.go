@@ -17,7 +17,7 @@
 //
 // A Monitor observes the informer's requests through its transport (Wrap),
 // the informer itself (Attach) and the process's clock (Run), and is read
-// by the reconcilers (Fresh, Epoch) and by a watchdog (Stalled).
+// by the reconcilers (Fresh, Epoch) and by its Watchdog.
 package freshness
 
 import (
@@ -141,10 +141,8 @@ func (m *Monitor) Attach(inf Informer) {
 	m.doubt("the informer starts", false)
 }
 
-// Doubt records a doubt about the view, for the reason given; loud ones
+// doubt records a doubt about the view, for the reason given; loud ones
 // (failures) are logged.
-func (m *Monitor) Doubt(reason string, loud bool) { m.doubt(reason, loud) }
-
 func (m *Monitor) doubt(reason string, loud bool) {
 	m.mu.Lock()
 	now := m.now()
@@ -199,23 +197,23 @@ func (m *Monitor) Stale() time.Duration {
 	return m.now() - m.staleSince
 }
 
-// Throttled reports whether the view is not fresh while the API server
+// isThrottled reports whether the view is not fresh while the API server
 // throttles the informer's list or watch (its last answer was 429): every
 // replica meets that alike.
-func (m *Monitor) Throttled() bool {
+func (m *Monitor) isThrottled() bool {
 	fresh := m.Fresh()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return !fresh && m.throttled
 }
 
-// Stalled returns how long the view has not been fresh with nothing
+// stalled returns how long the view has not been fresh with nothing
 // delivered meanwhile: no byte of the informer's list or watch read, no
 // change of what its cache holds, nothing synced waiting to be delivered,
 // and no answer to a barrier's watch that has yet to prove the view fresh.
 // A relist that makes progress, however long, is not stalled; an informer
 // that does not deliver what a barrier proved it must is.
-func (m *Monitor) Stalled() time.Duration {
+func (m *Monitor) stalled() time.Duration {
 	if m.Fresh() {
 		return 0
 	}

@@ -265,7 +265,7 @@ func TestADoubtSupersedesItsBarrier(t *testing.T) {
 	m, inf, _ := started(t, api)
 	require.Eventually(t, func() bool { return len(api.watchedFrom()) == 1 }, 3*time.Second, 10*time.Millisecond)
 	epoch := m.Epoch()
-	m.Doubt("a pause", true)
+	m.doubt("a pause", true)
 	assert.Equal(t, epoch+1, m.Epoch())
 	api.mu.Lock()
 	api.read, api.scripts = "40", []script{{events: []string{"ADDED 35", "BOOKMARK 40"}, hold: true}}
@@ -458,7 +458,7 @@ func TestAHungBarrierIsGivenUpOnADoubt(t *testing.T) {
 	api := &fakeAPI{read: "30", scripts: []script{{events: []string{"BOOKMARK 30"}, hold: true}}, hangLists: 1}
 	m, _, _ := started(t, api)
 	assert.Never(t, m.Fresh, 500*time.Millisecond, 10*time.Millisecond, "fresh while the barrier's LIST hangs")
-	m.Doubt("the watch ended", false)
+	m.doubt("the watch ended", false)
 	assert.Eventually(t, m.Fresh, 2*time.Second, 10*time.Millisecond, "the hung barrier held the view stale")
 }
 

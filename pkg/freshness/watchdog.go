@@ -20,7 +20,7 @@ const StallAfter = 20 * time.Second
 var ErrStalled = errors.New("the pod view stayed stale with nothing delivered while the API server answered: starting a new manager with new caches (giving up the lease, if held)")
 
 // Watchdog returns ErrStalled once the view has been stale with nothing
-// delivered (Stalled) for after of time during which the API server
+// delivered (stalled) for after of time during which the API server
 // answered (its version, read through cfg within 2 s), or nil when ctx is
 // done. Whatever keeps the view from moving (a watch connection that
 // stopped carrying anything, client-go's back-off, a first sync that never
@@ -53,8 +53,8 @@ func (m *Monitor) Watchdog(ctx context.Context, cfg *rest.Config, after time.Dur
 		now := m.now()
 		step := now - last
 		last = now
-		stalled := m.Stalled()
-		if stalled == 0 || m.Throttled() {
+		stalled := m.stalled()
+		if stalled == 0 || m.isThrottled() {
 			answered = 0
 			continue
 		}
