@@ -34,7 +34,7 @@ var (
 	}, []string{"kind"})
 	parentLiveReads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_parent_live_reads_total",
-		Help: "Parents read from the API server because the parent cache showed a version older than this replica's last write (its watch broken or lagging), by parent kind.",
+		Help: "Parents read from the API server because the parent cache was not known fresh (a doubt about the kind's view not yet cleared by its barrier) or showed a version older than this replica's last write, by parent kind.",
 	}, []string{"kind"})
 	appliesFenced = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_applies_fenced_total",

@@ -184,7 +184,7 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	backfill.Unstamped.Notify(k.notify)
 	var pending []config.Parent
 	for _, p := range parents {
-		problem, err := k.serve(p)
+		problem, err := k.serve(ctx, p)
 		if err != nil {
 			return err
 		}
@@ -242,14 +242,14 @@ func (k *kinds) notify(pod *Pod) {
 // serve adds the controller of kind p when the API server serves it with a
 // status subresource, and reports the problem otherwise. The error is for
 // a controller that could not be created.
-func (k *kinds) serve(p config.Parent) (*servable.Problem, error) {
+func (k *kinds) serve(ctx context.Context, p config.Parent) (*servable.Problem, error) {
 	kind := p.GroupKind().String()
 	if problem := k.checker.Kind(p); problem != nil {
 		kindProblems.DeletePartialMatch(prometheus.Labels{"kind": kind})
 		kindProblems.WithLabelValues(kind, problem.Name).Set(1)
 		return problem, nil
 	}
-	kc, err := k.parents.add(p.GroupVersionKind())
+	kc, err := k.parents.add(ctx, p.GroupVersionKind())
 	if err != nil {
 		return nil, err
 	}
@@ -313,7 +313,7 @@ func (k *kinds) retry(ctx context.Context, pending []config.Parent) {
 		}
 		still := pending[:0]
 		for _, p := range pending {
-			problem, err := k.serve(p)
+			problem, err := k.serve(ctx, p)
 			switch {
 			case err != nil:
 				log.Error(err, "Parent kind cannot be served", "kind", p.GroupKind().String())

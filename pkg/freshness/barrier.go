@@ -51,11 +51,11 @@ func (m *Monitor) Run(ctx context.Context) {
 			return
 		case errors.Is(err, errSuperseded) || err != nil && m.superseded(gen):
 			// (A request given up because a newer doubt came fails too.)
-			barriers.WithLabelValues("superseded").Inc()
+			m.metrics.barriers("superseded").Inc()
 		case err != nil:
-			barriers.WithLabelValues("error").Inc()
+			m.metrics.barriers("error").Inc()
 			d := wait.next()
-			m.log.V(1).Info("The pod view's barrier failed; trying again", "error", err.Error(), "in", d.String())
+			m.log.V(1).Info("A view's barrier failed; trying again", "view", m.opts.name(), "error", err.Error(), "in", d.String())
 			// A new doubt, or the informer answered again after failing,
 			// ends the wait; not one that came before it.
 			select {
@@ -69,7 +69,7 @@ func (m *Monitor) Run(ctx context.Context) {
 			case <-time.After(d):
 			}
 		default:
-			barriers.WithLabelValues("proved").Inc()
+			m.metrics.barriers("proved").Inc()
 			wait.reset()
 		}
 	}
@@ -157,7 +157,7 @@ func (m *Monitor) barrier(ctx context.Context, gen uint64) error {
 		// where it was.
 		from = res.last
 	}
-	m.log.V(1).Info("Pod view barrier proved", "read", read, "target", target)
+	m.log.V(1).Info("View barrier proved", "view", m.opts.name(), "read", read, "target", target)
 	m.prove(gen, target)
 	return nil
 }
@@ -192,7 +192,7 @@ func (m *Monitor) whileCurrent(ctx context.Context, gen uint64) (context.Context
 func (m *Monitor) readVersion(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	barrierRequests.Inc()
+	m.metrics.requests.Inc()
 	list, err := m.meta.Resource(m.opts.Resource).List(ctx, metav1.ListOptions{LabelSelector: m.opts.LabelSelector, Limit: 1})
 	if err != nil {
 		return "", err
@@ -221,7 +221,7 @@ func (m *Monitor) watchFrom(ctx context.Context, gen uint64, from, read string) 
 	var res watched
 	ctx, cancel := context.WithTimeout(ctx, (barrierWatchSeconds+10)*time.Second)
 	defer cancel()
-	barrierRequests.Inc()
+	m.metrics.requests.Inc()
 	w, err := m.meta.Resource(m.opts.Resource).Watch(ctx, metav1.ListOptions{
 		LabelSelector: m.opts.LabelSelector, ResourceVersion: from,
 		AllowWatchBookmarks: true, TimeoutSeconds: ptr.To[int64](barrierWatchSeconds),
@@ -308,7 +308,7 @@ func (m *Monitor) prove(gen uint64, target string) {
 	m.mu.Lock()
 	if m.bar.gen == gen {
 		m.bar.target, m.bar.proved = target, true
-		barrierSeconds.Observe((m.now() - m.bar.began).Seconds())
+		m.metrics.seconds.Observe((m.now() - m.bar.began).Seconds())
 	}
 	m.mu.Unlock()
 	m.check()

@@ -21,7 +21,43 @@ var (
 		Name: "tally_aggregator_pod_view_barrier_requests_total",
 		Help: "Requests the pod view's barriers sent: a LIST of at most one pod for each version read, and each watch up to it.",
 	})
+
+	parentBarriers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_parent_view_barriers_total",
+		Help: "Barriers run after a doubt about a parent kind's view, by kind and result (as tally_aggregator_pod_view_barriers_total). Until one proves the view fresh, the kind's parents are read from the API server.",
+	}, []string{"kind", "result"})
+	parentBarrierSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tally_aggregator_parent_view_barrier_seconds",
+		Help:    "Time from a doubt's first barrier to its proof, for a parent kind's view.",
+		Buckets: []float64{0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30},
+	}, []string{"kind"})
+	parentBarrierRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_aggregator_parent_view_barrier_requests_total",
+		Help: "Requests a parent kind's view's barriers sent, by kind.",
+	}, []string{"kind"})
 )
+
+// meters are one view's barrier metrics.
+type meters struct {
+	barriers func(result string) prometheus.Counter
+	seconds  prometheus.Observer
+	requests prometheus.Counter
+}
+
+// metersOf returns the metrics of the pod view (kind empty) or of a parent
+// kind's view.
+func metersOf(kind string) meters {
+	if kind == "" {
+		return meters{
+			barriers: func(result string) prometheus.Counter { return barriers.WithLabelValues(result) },
+			seconds:  barrierSeconds, requests: barrierRequests,
+		}
+	}
+	return meters{
+		barriers: func(result string) prometheus.Counter { return parentBarriers.WithLabelValues(kind, result) },
+		seconds:  parentBarrierSeconds.WithLabelValues(kind), requests: parentBarrierRequests.WithLabelValues(kind),
+	}
+}
 
 // published is the monitor the stale gauge reads.
 var published = struct {
@@ -38,7 +74,7 @@ func (m *Monitor) Publish() {
 }
 
 func init() {
-	metrics.Registry.MustRegister(barriers, barrierSeconds, barrierRequests,
+	metrics.Registry.MustRegister(barriers, barrierSeconds, barrierRequests, parentBarriers, parentBarrierSeconds, parentBarrierRequests,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_pod_watch_stale_seconds",
 			Help: "How long the pod view has not been known fresh: from a doubt (the pod watch ended, failed or was throttled, a relist, a pause of the process) until the cache holds a version read after it; 0 while fresh. No status is written meanwhile.",

@@ -49,6 +49,18 @@ type Options struct {
 	Resource schema.GroupVersionResource
 	// LabelSelector is its label selector, as sent.
 	LabelSelector string
+	// Kind, for a parent kind's view, is its kind (such as
+	// WorkerPool.example.tally.dev), which its logs and metrics name;
+	// empty for the pod view.
+	Kind string
+}
+
+// name returns what the logs call the view's watch.
+func (o Options) name() string {
+	if o.Kind == "" {
+		return "Pod"
+	}
+	return o.Kind
 }
 
 // path returns the path of the resource's list and watch in every
@@ -98,6 +110,8 @@ type Monitor struct {
 	// or watch read, or that version changed.
 	delivered string
 	progress  time.Duration
+	// metrics are the view's barrier metrics.
+	metrics meters
 }
 
 // barrierState is what a barrier established for one generation of doubt.
@@ -123,7 +137,7 @@ func New(log logr.Logger, cfg *rest.Config, opts Options) (*Monitor, error) {
 		return nil, err
 	}
 	return &Monitor{
-		log: log, opts: opts, path: opts.path(), meta: meta, wake: make(chan struct{}, 1),
+		log: log, opts: opts, path: opts.path(), meta: meta, wake: make(chan struct{}, 1), metrics: metersOf(opts.Kind),
 		// A moment before now: a first tick is never at offset 0.
 		started: time.Now().Add(-time.Nanosecond),
 	}, nil
@@ -156,7 +170,11 @@ func (m *Monitor) doubt(reason string, loud bool) {
 	}
 	m.mu.Unlock()
 	if logIt {
-		m.log.Info("Pod watch interrupted: counts may be stale until it recovers", "reason", reason)
+		if m.opts.Kind == "" {
+			m.log.Info("Pod watch interrupted: counts may be stale until it recovers", "reason", reason)
+		} else {
+			m.log.Info("Parent watch interrupted: its parents are read from the API server until it recovers", "kind", m.opts.Kind, "reason", reason)
+		}
 	}
 	m.poke()
 }
@@ -256,7 +274,7 @@ func (m *Monitor) check() bool {
 	}
 	m.mu.Unlock()
 	if fresh && loud {
-		m.log.Info("Pod watch delivering again", "staleFor", staleFor.Round(time.Millisecond).String())
+		m.log.Info(m.opts.name()+" watch delivering again", "staleFor", staleFor.Round(time.Millisecond).String())
 	}
 	return fresh
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -23,13 +24,16 @@ import (
 // cfg's transport: its credentials, and the faults of whatever cfg wraps
 // (a WatchBreaker). A child process given its kubeconfig meets the same
 // faults as a client built in the test from cfg would. Writes can be
-// answered 429, as API Priority and Fairness does.
+// answered 429, as API Priority and Fairness does, and the API server's
+// clock, as its answers' Date headers show it, stepped.
 type APIProxy struct {
 	l   net.Listener
 	srv *http.Server
 
 	mu        sync.Mutex
 	throttled bool
+	// step moves the Date of every answer.
+	step time.Duration
 }
 
 // NewAPIProxy starts a proxy to cfg's API server.
@@ -57,6 +61,15 @@ func NewAPIProxy(cfg *rest.Config) (*APIProxy, error) {
 		FlushInterval: -1,
 		// A cut, a broken watch or a killed client is the test's doing.
 		ErrorLog: log.New(io.Discard, "", 0),
+		ModifyResponse: func(resp *http.Response) error {
+			p.mu.Lock()
+			step := p.step
+			p.mu.Unlock()
+			if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil && step != 0 {
+				resp.Header.Set("Date", date.Add(step).UTC().Format(http.TimeFormat))
+			}
+			return nil
+		},
 	}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p.throttles(r) {
@@ -85,6 +98,16 @@ func (p *APIProxy) ThrottleWrites(on bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.throttled = on
+}
+
+// StepClock steps the API server's clock as the proxy's clients see it:
+// the Date of every answer is moved by step from now on (0: the API
+// server's own again). The times the API server stamps on objects are not:
+// to a client, the clock stepped after they were stamped.
+func (p *APIProxy) StepClock(step time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.step = step
 }
 
 func (p *APIProxy) throttles(r *http.Request) bool {

@@ -21,7 +21,8 @@ import (
 // relists; with
 // delay, a relist (a LIST, or a watch-list stream) is answered at once but
 // its body comes delay later; with resumeDelay, a watch resumed from a
-// resourceVersion is answered at once, its replay resumeDelay later.
+// resourceVersion is answered at once, its replay resumeDelay later; with
+// trickle, relists come slowly (TrickleRelists).
 type WatchBreaker struct {
 	// Path is the resource's path; the pods' when empty.
 	Path        string
@@ -30,6 +31,7 @@ type WatchBreaker struct {
 	expire      bool
 	delay       time.Duration
 	resumeDelay time.Duration
+	trickle     bool
 	watches     []*endableBody
 	// throttled answers the pod list and watch 429 with Retry-After, as API
 	// Priority and Fairness does; answered records when one was answered
@@ -75,6 +77,9 @@ func (b *WatchBreaker) Wrap(cfg *rest.Config) {
 				b.expire = false
 			}
 			b.mu.Unlock()
+			if relist {
+				resp.Body = &trickleBody{ReadCloser: resp.Body, b: b}
+			}
 			switch {
 			case relist && delay > 0:
 				resp.Body = newDelayedBody(resp.Body, delay)
@@ -140,6 +145,43 @@ func (b *WatchBreaker) SlowResumes(delay time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.resumeDelay = delay
+}
+
+// TrickleRelists starts or ends relists that make progress slowly: while
+// on, resumed watches expire until a relist is answered, and every read of
+// a relist's body waits trickleEvery and gets at most trickleBytes, as a
+// relist of a very large list on a loaded API server or a starved client
+// does. Once it ends, the rest of the body comes at once.
+func (b *WatchBreaker) TrickleRelists(on bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expire, b.trickle = on, on
+}
+
+// trickling reports whether relists trickle.
+func (b *WatchBreaker) trickling() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.trickle
+}
+
+const (
+	trickleEvery = 500 * time.Millisecond
+	trickleBytes = 16
+)
+
+// trickleBody is a relist's body, read slowly while its breaker trickles.
+type trickleBody struct {
+	io.ReadCloser
+	b *WatchBreaker
+}
+
+func (t *trickleBody) Read(p []byte) (int, error) {
+	if t.b.trickling() {
+		time.Sleep(trickleEvery)
+		p = p[:min(len(p), trickleBytes)]
+	}
+	return t.ReadCloser.Read(p)
 }
 
 // EndWatches ends the watches open as the API server ends a watch: the

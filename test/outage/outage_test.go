@@ -724,3 +724,31 @@ func TestAParentCacheBehindIsReadLive(t *testing.T) {
 	assert.GreaterOrEqual(t, readLive, 3.0, "the parent read from the API server for each write")
 	breaker.Set(false)
 }
+
+// TestAStaleParentViewIsReadLive: the parents' views follow the pod view's
+// rule. While the pool's watch is broken, another writer sets
+// status.completing to 99, which the cache cannot show; a pod change that
+// moves no count has the pool reconciled. The pool is read from the API
+// server, since its view is not known fresh, and the count written again
+// at once, not when the watch comes back.
+func TestAStaleParentViewIsReadLive(t *testing.T) {
+	ns, pods := createPool(t, 3)
+	cfg := rest.CopyConfig(env.Config)
+	breaker := framework.WatchBreaker{Path: "/apis/example.tally.dev/v1/workerpools"}
+	breaker.Wrap(cfg)
+	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
+	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond)
+	before := counter(t, "tally_aggregator_parent_view_barriers_total", "proved")
+	breaker.Set(true)
+	t.Cleanup(func() { breaker.Set(false) })
+	overwrite(t, ns)
+	// A change of a pod that moves no count: its parent is reconciled.
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"touched":"yes"}}}`))
+	require.NoError(t, env.Client.Patch(context.Background(), pods[0].DeepCopy(), patch))
+	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 10*time.Second, 50*time.Millisecond,
+		"the other writer's 99 stands while the pool's watch is broken: the pool was read from its stale cache, which shows the 0 already written")
+	breaker.Set(false)
+	require.Eventually(t, func() bool {
+		return counter(t, "tally_aggregator_parent_view_barriers_total", "proved") > before
+	}, 30*time.Second, 50*time.Millisecond, "no barrier proved the pool's view fresh again once its watch was repaired")
+}
