@@ -55,6 +55,11 @@ func NewAPIProxy(cfg *rest.Config) (*APIProxy, error) {
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(target)
 			r.Out.Host = target.Host
+			// The proxy's transport asks for gzip itself and hands the
+			// faults (and the client) the body decompressed: a relist
+			// trickled byte by byte reaches the client as it comes, not
+			// one deflate block in minutes.
+			r.Out.Header.Del("Accept-Encoding")
 		},
 		Transport: rt,
 		// Watches stream: each event is passed on as it comes.
