@@ -426,7 +426,7 @@ fuzz-e2e: $(TEST_TOOLS) test-binaries ## Fuzz the pod metadata contract end to e
 bench: envtest-assets ## Run the benchmarks and the aggregator bench program (figures in docs/benchmarks.md).
 	@echo ">> go test benchmarks (one core for the webhook, as the targets state)"
 	go test ./pkg/mutate -run '^$$' -bench . -benchmem -cpu 1 -count $(BENCH_COUNT)
-	go test ./pkg/aggregate -run '^$$' -bench . -benchmem -count $(BENCH_COUNT)
+	go test ./pkg/aggregate/count -run '^$$' -bench . -benchmem -count $(BENCH_COUNT)
 	@echo ">> aggregator against a real API server"
 	go run ./test/bench
 	@echo ">> backfill sweep over 10,000 pods"

@@ -4,10 +4,12 @@
 // with server-side apply under the field manager "tally-aggregator". It keeps
 // no counter: every reconcile recomputes from the pods (level-triggered), so
 // a restart or a missed event cannot make a value drift. The cumulative
-// totals and their ledger (Advance, the ledger protocol) go under their own
-// field manager, "tally-aggregator-totals", which keeps them through any
-// change of the configuration (history.go).
+// totals and their ledger (package ledger) go under their own field manager,
+// "tally-aggregator-totals", which keeps them through any change of the
+// configuration (history.go).
 //
-// Counting (Tally) is a pure function; the cache layout (pod selector,
-// transform, index) and the reconciler are the Kubernetes plumbing around it.
+// Counting (package count) and the ledger protocol are pure; this package
+// is the Kubernetes plumbing around them: the reconcilers, the backfill
+// sweep, the parents' caches, and the release of pods whose finish cannot
+// be recorded (Unrecorded).
 package aggregate

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/keys"
 )
 
@@ -66,9 +67,9 @@ const patchConcurrency = 8
 
 // releaseAll removes the tracking finalizer from pods, counting each under
 // action. Pods already gone count as released.
-func (r *Reconciler) releaseAll(ctx context.Context, parent types.UID, pods []*Pod, action string) error {
+func (r *Reconciler) releaseAll(ctx context.Context, parent types.UID, pods []*count.Pod, action string) error {
 	counter := trackingFinalizers.WithLabelValues(r.kind, action)
-	return forEach(ctx, pods, func(ctx context.Context, p *Pod) error {
+	return forEach(ctx, pods, func(ctx context.Context, p *count.Pod) error {
 		err := r.Writer.Patch(ctx, podMeta(p.Namespace, p.Name), releasePatch(p.UID), client.FieldOwner(FieldManager))
 		switch {
 		case Released(err):
@@ -88,9 +89,9 @@ func (r *Reconciler) releaseAll(ctx context.Context, parent types.UID, pods []*P
 // whose finalizer another client's write dropped (it is restored). A pod
 // that changed since is left to the next reconcile; a refusal is logged and
 // counted, and the pod stays untracked (its finish is not counted).
-func (r *Reconciler) trackAll(ctx context.Context, pods []*Pod) error {
+func (r *Reconciler) trackAll(ctx context.Context, pods []*count.Pod) error {
 	counter := trackingFinalizers.WithLabelValues(r.kind, "added")
-	return forEach(ctx, pods, func(ctx context.Context, p *Pod) error {
+	return forEach(ctx, pods, func(ctx context.Context, p *count.Pod) error {
 		err := r.Writer.Patch(ctx, podMeta(p.Namespace, p.Name), trackPatch(p.ResourceVersion), client.FieldOwner(FieldManager))
 		switch {
 		case err == nil:
@@ -113,7 +114,7 @@ func (r *Reconciler) trackAll(ctx context.Context, pods []*Pod) error {
 
 // forEach calls f for each of pods, patchConcurrency at a time, and
 // returns every error: one pod's failure does not stop the others.
-func forEach(ctx context.Context, pods []*Pod, f func(context.Context, *Pod) error) error {
+func forEach(ctx context.Context, pods []*count.Pod, f func(context.Context, *count.Pod) error) error {
 	var (
 		g    errgroup.Group
 		mu   sync.Mutex

@@ -14,6 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/config"
 )
 
@@ -51,12 +53,12 @@ func (w *podWriter) Patch(_ context.Context, obj client.Object, patch client.Pat
 func TestWriteFinalizersReleasesFirst(t *testing.T) {
 	p := config.Parent{Group: operator.GVK.Group, Version: operator.GVK.Version, Kind: operator.GVK.Kind,
 		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
-	pod := func(name string, phase corev1.PodPhase) *Pod {
-		return &Pod{Meta: Meta{Namespace: "ns", Name: name, UID: types.UID(name), ResourceVersion: "1"}, Phase: phase}
+	pod := func(name string, phase corev1.PodPhase) *count.Pod {
+		return &count.Pod{Meta: count.Meta{Namespace: "ns", Name: name, UID: types.UID(name), ResourceVersion: "1"}, Phase: phase}
 	}
-	step := Step{
-		Track:   []*Pod{pod("run-bad", corev1.PodRunning), pod("run-1", corev1.PodRunning)},
-		Release: []*Pod{pod("done-bad", corev1.PodFailed), pod("done-1", corev1.PodFailed), pod("done-2", corev1.PodFailed)},
+	step := ledger.Step{
+		Track:   []*count.Pod{pod("run-bad", corev1.PodRunning), pod("run-1", corev1.PodRunning)},
+		Release: []*count.Pod{pod("done-bad", corev1.PodFailed), pod("done-1", corev1.PodFailed), pod("done-2", corev1.PodFailed)},
 	}
 	w := &podWriter{fail: map[string]bool{"run-bad": true, "done-bad": true}}
 	r := NewReconciler(p, Deps{Writer: w})

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
 )
 
@@ -65,7 +66,7 @@ func (r *reconciledParents) triedSince(k parentKey) time.Time {
 }
 
 // parentOf names pod's parent.
-func parentOf(pod *Pod) types.NamespacedName {
+func parentOf(pod *count.Pod) types.NamespacedName {
 	return types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}
 }
 
@@ -73,7 +74,7 @@ func parentOf(pod *Pod) types.NamespacedName {
 // grace runs in this pass (this replica writing, the gate able to tell):
 // once the parent was reconciled while this replica may write, or at once
 // when no reconcile would record them.
-func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*Pod) map[types.NamespacedName]graceOf {
+func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*count.Pod) map[types.NamespacedName]graceOf {
 	out := map[types.NamespacedName]graceOf{}
 	// One budget for the pass's cache reads: a kind whose informer has not
 	// synced is read no longer than that, and its pods' grace waits.
@@ -117,7 +118,7 @@ type clocks struct{ local, server time.Time }
 
 // sinceFinish returns how long ago pod finished, as its own metadata shows
 // it, by the API server's clock; 0 when it shows no finish.
-func sinceFinish(pod *Pod, now clocks) time.Duration {
+func sinceFinish(pod *count.Pod, now clocks) time.Duration {
 	if pod.FinishedAt == 0 {
 		return 0
 	}
@@ -128,13 +129,13 @@ func sinceFinish(pod *Pod, now clocks) time.Duration {
 // since this process first saw it held (h), or since the finish its own
 // metadata shows, whichever is longer (a process that started a moment ago
 // does not make a pod held for hours look new).
-func heldFor(pod *Pod, h heldPod, now clocks) time.Duration {
+func heldFor(pod *count.Pod, h heldPod, now clocks) time.Duration {
 	return max(now.local.Sub(h.seen), sinceFinish(pod, now))
 }
 
 // reportHeld sets the held-pod gauges of kind from its held pods and what
 // is known of them.
-func reportHeld(kind schema.GroupKind, held []*Pod, known map[types.UID]heldPod, now clocks) {
+func reportHeld(kind schema.GroupKind, held []*count.Pod, known map[types.UID]heldPod, now clocks) {
 	var oldest time.Duration
 	for _, pod := range held {
 		oldest = max(oldest, heldFor(pod, known[pod.UID], now))
@@ -150,7 +151,7 @@ const heldLogEvery = time.Minute
 // logWaiting logs, for each parent of kind whose pods have been held for
 // heldLogEvery, why they wait (why), at most every heldLogEvery. Called
 // with u.mu held.
-func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*Pod, known map[types.UID]heldPod, now clocks, why func(*Pod) string) {
+func (u *Unrecorded) logWaiting(kind schema.GroupKind, held []*count.Pod, known map[types.UID]heldPod, now clocks, why func(*count.Pod) string) {
 	type waiting struct {
 		pods   []string
 		oldest time.Duration
@@ -205,7 +206,7 @@ func pastLimitRun(grace time.Duration) time.Duration { return min(grace/4, 30*ti
 
 // pastHoldLimit reports whether pod finished, as it shows, heldAtMost
 // graces ago or more by the API server's clock.
-func pastHoldLimit(pod *Pod, now clocks, grace time.Duration) bool {
+func pastHoldLimit(pod *count.Pod, now clocks, grace time.Duration) bool {
 	return pod.FinishedAt != 0 && sinceFinish(pod, now) >= heldAtMost*grace
 }
 
@@ -216,9 +217,9 @@ func pastHoldLimit(pod *Pod, now clocks, grace time.Duration) bool {
 // it, and those past the hold limit that have used pastLimitRun of it and
 // whose parent had a chance to record them. Pods no longer held are
 // forgotten.
-func overdue(held []*Pod, before map[types.UID]heldPod, now clocks, elapsed, grace time.Duration, of func(*Pod) graceOf) (map[types.UID]heldPod, []*Pod) {
+func overdue(held []*count.Pod, before map[types.UID]heldPod, now clocks, elapsed, grace time.Duration, of func(*count.Pod) graceOf) (map[types.UID]heldPod, []*count.Pod) {
 	known := make(map[types.UID]heldPod, len(held))
-	var expired []*Pod
+	var expired []*count.Pod
 	for _, pod := range held {
 		h, seen := before[pod.UID]
 		g := of(pod)

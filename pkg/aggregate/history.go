@@ -7,6 +7,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"tally.dev/tally/pkg/aggregate/ledger"
 )
 
 // No configuration change erases history. Server-side apply removes a
@@ -165,7 +167,7 @@ func (r *Reconciler) history(parent *unstructured.Unstructured, own ownership, m
 			return
 		}
 		if v, found, _ := unstructured.NestedFieldNoCopy(parent.Object, field...); found {
-			keep[joinPath(field)] = v
+			keep[strings.Join(field, ".")] = v
 		}
 	}
 	for _, field := range own.totals {
@@ -185,9 +187,9 @@ func (r *Reconciler) history(parent *unstructured.Unstructured, own ownership, m
 }
 
 // mergeLedgers adds to book the UIDs of the ledgers at paths old, once each.
-func mergeLedgers(obj map[string]any, book *Book, old [][]string) error {
+func mergeLedgers(obj map[string]any, book *ledger.Book, old [][]string) error {
 	for _, path := range old {
-		moved, err := ReadBook(obj, path, nil)
+		moved, err := ledger.ReadBook(obj, path, nil)
 		if err != nil {
 			return err
 		}

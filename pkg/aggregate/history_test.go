@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/config"
 )
 
@@ -92,9 +93,9 @@ func TestHistory(t *testing.T) {
 
 func TestMergeLedgers(t *testing.T) {
 	obj := map[string]any{"status": map[string]any{"old": map[string]any{"completed": []any{"a", "b"}, "unexpected": []any{"c"}}}}
-	book := Book{Completed: []types.UID{"a"}, CompletedTotal: 4}
+	book := ledger.Book{Completed: []types.UID{"a"}, CompletedTotal: 4}
 	require.NoError(t, mergeLedgers(obj, &book, [][]string{{"status", "old"}}))
-	assert.Equal(t, Book{Completed: []types.UID{"a", "b"}, Unexpected: []types.UID{"c"}, CompletedTotal: 4}, book, "each UID once")
+	assert.Equal(t, ledger.Book{Completed: []types.UID{"a", "b"}, Unexpected: []types.UID{"c"}, CompletedTotal: 4}, book, "each UID once")
 }
 
 func TestOverlapping(t *testing.T) {

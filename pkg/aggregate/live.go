@@ -11,21 +11,23 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/keys"
 )
 
 // confirm reads from the API server what a step asked for: the pods in
 // step.Confirm (at most PodBatch of them, metadata only), or every pod of the
 // parent when its ledger holds a pod the cache has never shown.
-func (r *Reconciler) confirm(ctx context.Context, parent client.Object, step *Step) (Live, error) {
+func (r *Reconciler) confirm(ctx context.Context, parent client.Object, step *ledger.Step) (ledger.Live, error) {
 	if step.Unlisted {
 		return r.livePods(ctx, parent.GetNamespace(), parent.GetUID())
 	}
-	pods := step.Confirm[:min(len(step.Confirm), PodBatch)]
-	live := Live{Pods: make(map[types.UID]LivePod, len(pods)), Asked: make(map[types.UID]bool, len(pods))}
+	pods := step.Confirm[:min(len(step.Confirm), ledger.PodBatch)]
+	live := ledger.Live{Pods: make(map[types.UID]ledger.LivePod, len(pods)), Asked: make(map[types.UID]bool, len(pods))}
 	var mu sync.Mutex
 	reads := ledgerLiveReads.WithLabelValues(r.kind)
-	err := forEach(ctx, pods, func(ctx context.Context, p *Pod) error {
+	err := forEach(ctx, pods, func(ctx context.Context, p *count.Pod) error {
 		reads.Inc()
 		pod := podMeta(p.Namespace, p.Name)
 		err := r.Live.Get(ctx, client.ObjectKeyFromObject(pod), pod)
@@ -37,7 +39,7 @@ func (r *Reconciler) confirm(ctx context.Context, parent client.Object, step *St
 		live.Asked[p.UID] = true
 		if err == nil && pod.UID == p.UID {
 			_, intent := pod.Annotations[keys.CompletionIntent]
-			live.Pods[p.UID] = LivePod{Tracking: slices.Contains(pod.Finalizers, keys.TrackingFinalizer), Intent: intent}
+			live.Pods[p.UID] = ledger.LivePod{Tracking: slices.Contains(pod.Finalizers, keys.TrackingFinalizer), Intent: intent}
 		}
 		return nil
 	})
@@ -46,21 +48,21 @@ func (r *Reconciler) confirm(ctx context.Context, parent client.Object, step *St
 
 // livePods reads the parent's pods from the API server (metadata only): the
 // authoritative view of which still carry the finalizer.
-func (r *Reconciler) livePods(ctx context.Context, ns string, uid types.UID) (Live, error) {
+func (r *Reconciler) livePods(ctx context.Context, ns string, uid types.UID) (ledger.Live, error) {
 	ledgerLiveLists.WithLabelValues(r.kind).Inc()
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(podListGVK)
 	if err := r.Live.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{keys.ParentUID: string(uid)}); err != nil {
-		return Live{}, fmt.Errorf("reading the pods of %s from the API server: %w", uid, err)
+		return ledger.Live{}, fmt.Errorf("reading the pods of %s from the API server: %w", uid, err)
 	}
-	live := Live{Pods: make(map[types.UID]LivePod, len(list.Items)), All: true}
+	live := ledger.Live{Pods: make(map[types.UID]ledger.LivePod, len(list.Items)), All: true}
 	for i := range list.Items {
 		p := &list.Items[i]
 		if ref := metav1.GetControllerOfNoCopy(p); ref == nil || ref.UID != uid {
 			continue
 		}
 		_, intent := p.Annotations[keys.CompletionIntent]
-		live.Pods[p.UID] = LivePod{Tracking: slices.Contains(p.Finalizers, keys.TrackingFinalizer), Intent: intent}
+		live.Pods[p.UID] = ledger.LivePod{Tracking: slices.Contains(p.Finalizers, keys.TrackingFinalizer), Intent: intent}
 	}
 	return live, nil
 }

@@ -40,10 +40,6 @@ var (
 		Name: "tally_aggregator_applies_fenced_total",
 		Help: "Reconciles and applies held back because this replica's leader lease may have passed to another replica, or its pod view is known to be stale (the pod watch broken) or stopped being fresh since the count, by parent kind.",
 	}, []string{"kind"})
-	customCountErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tally_aggregator_custom_count_errors_total",
-		Help: "Evaluations of a custom count's expression that failed on a pod (a field the pod lacks, which has() guards against; the cost limit): the pod is not counted in it, by parent kind and custom count.",
-	}, []string{"kind", "count"})
 	kindProblems = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tally_aggregator_parent_kind_problems",
 		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, cluster-scoped, no-status-subresource, resource-mismatch, field-not-in-schema: a mapped count, totals-not-in-schema: a mapped total or the ledger not declared, or declared with a type that refuses what tally writes, status-not-found).",
@@ -148,7 +144,7 @@ func (currentCounts) Collect(ch chan<- prometheus.Metric) { current.Load().count
 
 func init() {
 	current.Store(newObserved())
-	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, parentLiveReads, appliesFenced, customCountErrors, kindProblems,
+	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, parentLiveReads, appliesFenced, kindProblems,
 		podsStamped, unstampedPods, pendingStamps, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, heldPods, oldestHeldPod, ledgerLiveLists, ledgerLiveReads, currentCounts{},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",

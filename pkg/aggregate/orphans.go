@@ -12,20 +12,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/mutate"
 )
-
-// OwnerIndex names the pod informer's index of the pods carrying the
-// tracking finalizer, by "<namespace>/<controller name>": it finds the pods
-// of a parent that is gone, whose UID is no longer known.
-const OwnerIndex = "tally.dev/tracking-owner"
-
-func indexTrackingOwner(obj any) ([]string, error) {
-	if p, ok := obj.(*Pod); ok && p.Tracking && p.Controller.Name != "" {
-		return []string{p.Namespace + "/" + p.Controller.Name}, nil
-	}
-	return nil, nil
-}
 
 // releaseOrphans removes the tracking finalizer from the pods of a parent of
 // this kind named name that is gone (current is the UID of the parent that
@@ -73,7 +63,7 @@ const (
 // this replica may not write. Each release is reported by a Warning Event
 // for why: on parent naming the pods, or on each pod when its parent is
 // gone.
-func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, why releaseReason, parent client.Object) (reconcile.Result, error) {
+func (r *Reconciler) releaseBatch(ctx context.Context, pods []*count.Pod, why releaseReason, parent client.Object) (reconcile.Result, error) {
 	if pods = passOf(ctx).unreleased(pods); len(pods) == 0 {
 		return reconcile.Result{}, nil
 	}
@@ -83,8 +73,8 @@ func (r *Reconciler) releaseBatch(ctx context.Context, pods []*Pod, why releaseR
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
 	var result reconcile.Result
-	if len(pods) > PodBatch {
-		pods, result = pods[:PodBatch], reconcile.Result{RequeueAfter: foldRequeue}
+	if len(pods) > ledger.PodBatch {
+		pods, result = pods[:ledger.PodBatch], reconcile.Result{RequeueAfter: foldRequeue}
 	}
 	err := r.releaseAll(ctx, "", pods, "orphaned")
 	if err != nil || r.Recorder == nil {
@@ -150,14 +140,14 @@ const listedBytes = 512
 // orphanCandidates returns the cached pods carrying the finalizer whose
 // controller is a parent of this kind named name with another UID than
 // current, the one the cache shows ("" when none).
-func (r *Reconciler) orphanCandidates(name types.NamespacedName, current types.UID) ([]*Pod, error) {
-	objs, err := r.Pods.ByIndex(OwnerIndex, name.Namespace+"/"+name.Name)
+func (r *Reconciler) orphanCandidates(name types.NamespacedName, current types.UID) ([]*count.Pod, error) {
+	objs, err := r.Pods.ByIndex(count.OwnerIndex, name.Namespace+"/"+name.Name)
 	if err != nil {
 		return nil, fmt.Errorf("listing the tracked pods of %s: %w", name, err)
 	}
-	var candidates []*Pod
+	var candidates []*count.Pod
 	for _, obj := range objs {
-		if p, ok := obj.(*Pod); ok && p.Tracking && p.Controller.Kind == r.gvk.GroupKind() && p.Controller.UID != current {
+		if p, ok := obj.(*count.Pod); ok && p.Tracking && p.Controller.Kind == r.gvk.GroupKind() && p.Controller.UID != current {
 			candidates = append(candidates, p)
 		}
 	}
@@ -168,7 +158,7 @@ func (r *Reconciler) orphanCandidates(name types.NamespacedName, current types.U
 // not exist with their controller's UID. It confirms with the API server
 // before it answers: a parent the cache does not show yet must not lose
 // its pods' finalizers.
-func (r *Reconciler) orphans(ctx context.Context, name types.NamespacedName, candidates []*Pod) ([]*Pod, error) {
+func (r *Reconciler) orphans(ctx context.Context, name types.NamespacedName, candidates []*count.Pod) ([]*count.Pod, error) {
 	live := mutate.PartialMetadata(r.gvk)
 	switch err := r.Live.Get(ctx, name, live); {
 	case gone(err):

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"tally.dev/tally/pkg/aggregate/count"
 )
 
 // pass is what one Reconcile carries, in its context, through the
@@ -66,13 +68,13 @@ func (p *pass) release(uid types.UID) {
 }
 
 // unreleased returns the pods the pass has not released.
-func (p *pass) unreleased(pods []*Pod) []*Pod {
+func (p *pass) unreleased(pods []*count.Pod) []*count.Pod {
 	if p == nil {
 		return pods
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out []*Pod
+	var out []*count.Pod
 	for _, pod := range pods {
 		if !p.released[pod.UID] {
 			out = append(out, pod)

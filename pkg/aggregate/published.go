@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
 )
 
@@ -13,7 +14,7 @@ import (
 // across the cluster, for dashboards.
 type published struct {
 	mu     sync.Mutex
-	counts map[parentKey]Counts
+	counts map[parentKey]count.Counts
 }
 
 var (
@@ -26,11 +27,11 @@ var (
 )
 
 func newPublished() *published {
-	return &published{counts: map[parentKey]Counts{}}
+	return &published{counts: map[parentKey]count.Counts{}}
 }
 
 // set records the counts of parent.
-func (p *published) set(parent parentKey, c Counts) {
+func (p *published) set(parent parentKey, c count.Counts) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.counts[parent] = c
@@ -53,7 +54,7 @@ func (p *published) Describe(ch chan<- *prometheus.Desc) {
 func (p *published) Collect(ch chan<- prometheus.Metric) {
 	type sum struct {
 		parents int
-		counts  Counts
+		counts  count.Counts
 	}
 	p.mu.Lock()
 	kinds := map[string]*sum{}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
 )
 
@@ -22,12 +23,12 @@ func TestPublishedSumsByKind(t *testing.T) {
 		return parentKey{kind: kind, name: types.NamespacedName{Namespace: "ns", Name: name}}
 	}
 	p := newPublished()
-	p.set(key(pools, "a"), Counts{Completing: 2, Active: 3})
-	p.set(key(pools, "b"), Counts{Completing: 1, Completed: 4, Unexpected: 1, CompletedTotal: 9})
-	p.set(key(jobs, "c"), Counts{Active: 5})
-	p.set(key(jobs, "gone"), Counts{Active: 7})
+	p.set(key(pools, "a"), count.Counts{Completing: 2, Active: 3})
+	p.set(key(pools, "b"), count.Counts{Completing: 1, Completed: 4, Unexpected: 1, CompletedTotal: 9})
+	p.set(key(jobs, "c"), count.Counts{Active: 5})
+	p.set(key(jobs, "gone"), count.Counts{Active: 7})
 	p.forget(key(jobs, "gone"))
-	p.set(key(pools, "a"), Counts{Completing: 1, Active: 3})
+	p.set(key(pools, "a"), count.Counts{Completing: 1, Active: 3})
 
 	want := `
 # HELP tally_aggregator_parents Parents reconciled whose counts tally_aggregator_pods sums, by parent kind.
@@ -71,7 +72,7 @@ func TestAStoppedManagersChangesAreNotWaiting(t *testing.T) {
 	r.pendingRequest(types.NamespacedName{Namespace: "ns", Name: "pool"})
 	deposed.changes.since[parentKey{kind: r.gvk.GroupKind(), name: types.NamespacedName{Namespace: "ns", Name: "pool"}}] = time.Now().Add(-time.Minute)
 	require.GreaterOrEqual(t, waiting(), 60.0, "the change is waiting while its manager runs")
-	r.observed.counted.set(parentKey{kind: r.gvk.GroupKind()}, Counts{Active: 2})
+	r.observed.counted.set(parentKey{kind: r.gvk.GroupKind()}, count.Counts{Active: 2})
 	require.Equal(t, 1, testutil.CollectAndCount(currentCounts{}, "tally_aggregator_parents"))
 
 	deposed.forget()

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/servable"
 )
@@ -240,24 +241,24 @@ func (r *Reconciler) readParent(ctx context.Context, key parentKey, live bool) (
 // count returns the parent's cached pods, and the counts of those and of the
 // pods a sweep read that await their stamps (counted before their stamps
 // land; the ledger protocol sees only the cache's).
-func (r *Reconciler) count(parent client.Object) ([]*Pod, Counts, error) {
+func (r *Reconciler) count(parent client.Object) ([]*count.Pod, count.Counts, error) {
 	all, held, err := r.Unstamped.PodsOf(r.Pods, parent.GetUID())
 	if err != nil {
-		return nil, Counts{}, err
+		return nil, count.Counts{}, err
 	}
-	pods := Members(parent.GetNamespace(), parent.GetUID(), all)
+	pods := count.Members(parent.GetNamespace(), parent.GetUID(), all)
 	counted := append(held, pods...)
-	counts := Tally(parent.GetNamespace(), parent.GetUID(), counted)
+	counts := count.Tally(parent.GetNamespace(), parent.GetUID(), counted)
 	if r.custom > 0 {
-		counts.Custom, counts.CustomPartial = TallyCustom(parent.GetNamespace(), parent.GetUID(), counted, r.custom)
+		counts.Custom, counts.CustomPartial = count.TallyCustom(parent.GetNamespace(), parent.GetUID(), counted, r.custom)
 	}
 	return pods, counts, nil
 }
 
 // untracked returns the pods that carry the tracking finalizer although
 // the kind keeps no totals.
-func (r *Reconciler) untracked(pods []*Pod) []*Pod {
-	var out []*Pod
+func (r *Reconciler) untracked(pods []*count.Pod) []*count.Pod {
+	var out []*count.Pod
 	for _, p := range pods {
 		if p.Tracking {
 			out = append(out, p)

@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/ledger"
 )
 
 // releaseExpiry is how long this process remembers a finalizer it removed
@@ -55,11 +58,11 @@ func (r *releases) of(parent types.UID) map[types.UID]time.Time {
 // behind still shows a pod folded just now: it is remembered until the
 // cache has caught up, so that it is not read (or listed, once deleted) for
 // nothing.
-func (r *releases) settle(parent types.UID, pods []*Pod, read, written *Book) {
+func (r *releases) settle(parent types.UID, pods []*count.Pod, read, written *ledger.Book) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if m := r.byParent[parent]; m != nil {
-		cached := make(map[types.UID]*Pod, len(pods))
+		cached := make(map[types.UID]*count.Pod, len(pods))
 		for _, p := range pods {
 			cached[p.UID] = p
 		}

@@ -9,12 +9,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"tally.dev/tally/pkg/aggregate/count"
 )
 
 // parentOf maps a pod to the parent of this reconciler's kind that controls
 // it, and records the change as pending.
 func (r *Reconciler) parentOf(_ context.Context, obj client.Object) []reconcile.Request {
-	pod, ok := obj.(*Pod)
+	pod, ok := obj.(*count.Pod)
 	if !ok || pod.Controller.Kind != r.gvk.GroupKind() {
 		return nil
 	}
@@ -47,7 +49,7 @@ func (r *Reconciler) parentsIn(ctx context.Context, obj client.Object) []reconci
 
 // enqueue has the parent of pod reconciled: pod was read by a sweep, or is
 // gone before its stamp.
-func (r *Reconciler) enqueue(pod *Pod) {
+func (r *Reconciler) enqueue(pod *count.Pod) {
 	if q := r.queue.Load(); q != nil {
 		for _, req := range r.pendingRequest(types.NamespacedName{Namespace: pod.Namespace, Name: pod.Controller.Name}) {
 			(*q).Add(req)

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
@@ -50,7 +51,7 @@ func PodSelector() labels.Selector {
 
 // CacheOptions returns the manager cache options the aggregator needs: one
 // label-selected pod informer whose objects reducer reduces to *Pod.
-func CacheOptions(reducer *Reducer) cache.Options {
+func CacheOptions(reducer *count.Reducer) cache.Options {
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Label: PodSelector(), Transform: reducer.Transform},
@@ -117,7 +118,7 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	if err != nil {
 		return fmt.Errorf("creating the pod informer: %w", err)
 	}
-	if err := informer.AddIndexers(Indexers); err != nil {
+	if err := informer.AddIndexers(count.Indexers); err != nil {
 		return fmt.Errorf("indexing pods by parent: %w", err)
 	}
 	indexed, ok := informer.(interface{ GetIndexer() toolscache.Indexer })
@@ -233,7 +234,7 @@ type kinds struct {
 }
 
 // notify has the parent of pod reconciled, when its kind is served.
-func (k *kinds) notify(pod *Pod) {
+func (k *kinds) notify(pod *count.Pod) {
 	if r, ok := k.served.Load(pod.Controller.Kind); ok {
 		r.(*Reconciler).enqueue(pod)
 	}

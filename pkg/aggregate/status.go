@@ -15,13 +15,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/mutate"
 )
 
 // applyCounts writes the counts when they differ from what the parent
 // shows, then removes the finalizer of the pods in orphaned, for why,
 // whatever became of the counts: a release never waits on them.
-func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts, orphaned []*Pod, why releaseReason) (reconcile.Result, error) {
+func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstructured, counts count.Counts, orphaned []*count.Pod, why releaseReason) (reconcile.Result, error) {
 	result, err := r.writeCounts(ctx, parent, counts)
 	if len(orphaned) == 0 {
 		return result, err
@@ -32,7 +34,7 @@ func (r *Reconciler) applyCounts(ctx context.Context, parent *unstructured.Unstr
 
 // writeCounts applies the counts when they differ from what the parent
 // shows.
-func (r *Reconciler) writeCounts(ctx context.Context, parent *unstructured.Unstructured, counts Counts) (reconcile.Result, error) {
+func (r *Reconciler) writeCounts(ctx context.Context, parent *unstructured.Unstructured, counts count.Counts) (reconcile.Result, error) {
 	if !r.differs(parent, counts) {
 		r.skipped.Inc()
 		return reconcile.Result{}, nil
@@ -69,7 +71,7 @@ func earliest(a, b reconcile.Result) reconcile.Result {
 // A nil book writes no new value: it hands the history over, values
 // unchanged, before an apply of the counts would remove it. own is what
 // parent's managed fields say each manager owns.
-func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstructured, own ownership, book *Book) (reconcile.Result, error) {
+func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstructured, own ownership, book *ledger.Book) (reconcile.Result, error) {
 	values, _ := r.history(parent, own, book != nil)
 	if book != nil {
 		for _, f := range r.totals {
@@ -87,7 +89,7 @@ func (r *Reconciler) applyTotals(ctx context.Context, parent *unstructured.Unstr
 
 // differs reports whether any mapped field of parent does not hold its
 // count.
-func (r *Reconciler) differs(parent *unstructured.Unstructured, counts Counts) bool {
+func (r *Reconciler) differs(parent *unstructured.Unstructured, counts count.Counts) bool {
 	for _, f := range r.counts {
 		want, known := counts.Value(f)
 		if !known {
@@ -102,7 +104,7 @@ func (r *Reconciler) differs(parent *unstructured.Unstructured, counts Counts) b
 }
 
 func equalCount(v any, want int64) bool {
-	n, ok := toInt64(v)
+	n, ok := ledger.ToInt64(v)
 	return ok && n == want
 }
 

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
 )
@@ -48,7 +49,7 @@ func (s *sweep) run(ctx context.Context, read func()) error {
 		}
 	}
 
-	misstamped, err := s.pods.ByIndex(MisstampedIndex, misstampedValue)
+	misstamped, err := s.pods.ByIndex(count.MisstampedIndex, count.MisstampedValue)
 	if err != nil {
 		return fmt.Errorf("listing misstamped pods: %w", err)
 	}
@@ -56,7 +57,7 @@ func (s *sweep) run(ctx context.Context, read func()) error {
 		if ctx.Err() != nil {
 			break
 		}
-		cached, ok := obj.(*Pod)
+		cached, ok := obj.(*count.Pod)
 		if !ok || !s.inScope(cached.Namespace) {
 			continue
 		}
@@ -128,8 +129,8 @@ func (s *sweep) scope(ctx context.Context) (func(string) bool, error) {
 // scope needs a patch at all. A pod's phase is not in its metadata: when
 // there are pods to hold, the terminal ones are found by listing each
 // terminal phase.
-func (s *sweep) read(ctx context.Context) (map[string]*Pod, bool, error) {
-	found := map[string]*Pod{}
+func (s *sweep) read(ctx context.Context) (map[string]*count.Pod, bool, error) {
+	found := map[string]*count.Pod{}
 	patches := false
 	err := eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
 		if !s.inScope(pod.Namespace) {
@@ -142,11 +143,11 @@ func (s *sweep) read(ctx context.Context) (map[string]*Pod, bool, error) {
 		if d.Denied != "" || d.Unavailable != "" || d.Parent.UID == "" {
 			return nil
 		}
-		parent := types.UID(intern(string(d.Parent.UID)))
-		p := &Pod{
-			Meta:        Meta{Name: pod.Name, Namespace: intern(pod.Namespace), UID: pod.UID, DeletionTimestamp: pod.DeletionTimestamp},
+		parent := types.UID(count.Intern(string(d.Parent.UID)))
+		p := &count.Pod{
+			Meta:        count.Meta{Name: pod.Name, Namespace: count.Intern(pod.Namespace), UID: pod.UID, DeletionTimestamp: pod.DeletionTimestamp},
 			ParentUID:   parent,
-			Controller:  Controller{Kind: d.Parent.GroupKind, Name: intern(d.Parent.Name), UID: parent},
+			Controller:  count.Controller{Kind: d.Parent.GroupKind, Name: count.Intern(d.Parent.Name), UID: parent},
 			Unevaluated: true,
 		}
 		_, p.Intent = pod.Annotations[keys.CompletionIntent]

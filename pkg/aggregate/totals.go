@@ -14,6 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/servable"
 )
 
@@ -21,8 +23,8 @@ import (
 // then takes a step of the ledger protocol: decide what to record, release
 // and track (Advance), apply the ledger and the totals in one apply, then
 // write the pods' finalizers, a batch at a time.
-func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.Unstructured, pods []*Pod, counts Counts) (reconcile.Result, error) {
-	book, err := ReadBook(parent.Object, r.ledger, r.totals)
+func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.Unstructured, pods []*count.Pod, counts count.Counts) (reconcile.Result, error) {
+	book, err := ledger.ReadBook(parent.Object, r.ledger, r.totals)
 	if err != nil {
 		r.reportLedger(parent, err)
 		return reconcile.Result{}, fmt.Errorf("reading the ledger of %s %s: %w", r.kind, client.ObjectKeyFromObject(parent), err)
@@ -61,7 +63,7 @@ func (r *Reconciler) reconcileTotals(ctx context.Context, parent *unstructured.U
 
 // stepTotals takes a step of the ledger protocol once the kind's totals are
 // served: the ledger and totals in one apply, then the pods' finalizers.
-func (r *Reconciler) stepTotals(ctx context.Context, parent *unstructured.Unstructured, pods []*Pod, book Book, own ownership) (reconcile.Result, error) {
+func (r *Reconciler) stepTotals(ctx context.Context, parent *unstructured.Unstructured, pods []*count.Pod, book ledger.Book, own ownership) (reconcile.Result, error) {
 	if !r.totalsServed(ctx) {
 		// The totals stay as they are; Unrecorded releases the pods. Served
 		// again later (a CRD fixed, a schema published): track the running
@@ -103,16 +105,16 @@ func (r *Reconciler) stepTotals(ctx context.Context, parent *unstructured.Unstru
 // met a conflict, was throttled, was not sent in time (after a wait in the
 // client's rate limiter) or failed on the way (a connection refused, a 5xx,
 // a 404 from an API server that has not read its CRDs yet) is not.
-func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructured, pods []*Pod, book Book, own ownership, merged bool) (Step, reconcile.Result, error) {
+func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructured, pods []*count.Pod, book ledger.Book, own ownership, merged bool) (ledger.Step, reconcile.Result, error) {
 	key := parentKey{kind: r.gvk.GroupKind(), name: client.ObjectKeyFromObject(parent)}
 	defer r.recording.lock(key)()
 	began := time.Now()
 	step, released, err := r.decide(ctx, parent, pods, book)
 	if err != nil {
-		return Step{}, reconcile.Result{}, err
+		return ledger.Step{}, reconcile.Result{}, err
 	}
-	if wait := foldWait(&book, &step, released, time.Now()); wait > 0 {
-		return Step{}, reconcile.Result{RequeueAfter: wait}, nil
+	if wait := ledger.FoldWait(&book, &step, released, time.Now()); wait > 0 {
+		return ledger.Step{}, reconcile.Result{RequeueAfter: wait}, nil
 	}
 	if merged || !step.Book.Equal(&book) {
 		result, err := r.applyTotals(ctx, parent, own, &step.Book)
@@ -120,7 +122,7 @@ func (r *Reconciler) record(ctx context.Context, parent *unstructured.Unstructur
 			r.tried(key, began)
 		}
 		if err != nil || result.RequeueAfter > 0 {
-			return Step{}, result, err
+			return ledger.Step{}, result, err
 		}
 		return step, reconcile.Result{}, nil
 	}
@@ -155,16 +157,16 @@ func (r *Reconciler) tried(key parentKey, began time.Time) {
 // decide takes the ledger protocol's step from the cache, confirming with
 // the API server what the cache cannot tell. It returns the step and the
 // pods this process released, with when.
-func (r *Reconciler) decide(ctx context.Context, parent client.Object, pods []*Pod, book Book) (Step, map[types.UID]time.Time, error) {
+func (r *Reconciler) decide(ctx context.Context, parent client.Object, pods []*count.Pod, book ledger.Book) (ledger.Step, map[types.UID]time.Time, error) {
 	released := r.releases.of(parent.GetUID())
 	has := func(uid types.UID) bool { _, ok := released[uid]; return ok }
-	step := Advance(pods, book, has, Live{})
+	step := ledger.Advance(pods, book, has, ledger.Live{})
 	if !step.Settled() {
 		live, err := r.confirm(ctx, parent, &step)
 		if err != nil {
-			return Step{}, nil, err
+			return ledger.Step{}, nil, err
 		}
-		step = Advance(pods, book, has, live)
+		step = ledger.Advance(pods, book, has, live)
 	}
 	return step, released, nil
 }
@@ -174,11 +176,11 @@ func (r *Reconciler) decide(ctx context.Context, parent client.Object, pods []*P
 // counts written first: a parent with thousands of pods to track (a kind
 // that just opted in to totals) holds a worker for one batch at a time, and
 // its counts and those of the other parents stay current meanwhile.
-func (r *Reconciler) writeFinalizers(ctx context.Context, parent client.Object, step *Step) (reconcile.Result, error) {
+func (r *Reconciler) writeFinalizers(ctx context.Context, parent client.Object, step *ledger.Step) (reconcile.Result, error) {
 	if !r.mayWrite() {
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
-	track, release := batch(step.Track, step.Release)
+	track, release := ledger.Batch(step.Track, step.Release)
 	// The releases first, and each pod on its own: a pod recorded in the
 	// ledger just written never waits on a finalizer that could not be
 	// added to another.

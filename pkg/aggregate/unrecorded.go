@@ -18,34 +18,12 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/servable"
 )
-
-// TrackingKindIndex names the pod informer's index of the pods carrying
-// the tracking finalizer, by their controller's kind: the pods to release
-// when a kind cannot keep its totals.
-const TrackingKindIndex = "tally.dev/tracking-kind"
-
-// HeldIndex names the pod informer's index of the finished pods that still
-// carry the tracking finalizer, by their controller's kind: the pods waiting
-// on tally to go.
-const HeldIndex = "tally.dev/held"
-
-func indexTrackingKind(obj any) ([]string, error) {
-	if p, ok := obj.(*Pod); ok && p.Tracking && !p.Controller.Kind.Empty() {
-		return []string{p.Controller.Kind.String()}, nil
-	}
-	return nil, nil
-}
-
-func indexHeld(obj any) ([]string, error) {
-	if p, ok := obj.(*Pod); ok && p.Tracking && p.Finished() && !p.Controller.Kind.Empty() {
-		return []string{p.Controller.Kind.String()}, nil
-	}
-	return nil, nil
-}
 
 // DefaultTrackingGrace is the default of --tracking-grace
 // (docs/configuration.md says why).
@@ -166,7 +144,7 @@ func (u *Unrecorded) Start(ctx context.Context) error {
 // release releases the pods of kind p that must not wait any longer.
 func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	kind := p.GroupKind()
-	held, err := u.byIndex(HeldIndex, kind)
+	held, err := u.byIndex(count.HeldIndex, kind)
 	if err != nil {
 		return err
 	}
@@ -180,7 +158,7 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	if writes && (problem == nil || !problem.Unknown) {
 		parents = u.graceRuns(ctx, p, held)
 	}
-	of := func(pod *Pod) graceOf { return parents[parentOf(pod)] }
+	of := func(pod *count.Pod) graceOf { return parents[parentOf(pod)] }
 	u.mu.Lock()
 	var elapsed time.Duration
 	if last, ok := u.lastPass[kind]; ok {
@@ -190,7 +168,7 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	known, expired := overdue(held, u.held[kind], now, elapsed, u.grace, of)
 	u.held[kind] = known
 	reportHeld(kind, held, known, now)
-	u.logWaiting(kind, held, known, now, func(pod *Pod) string {
+	u.logWaiting(kind, held, known, now, func(pod *count.Pod) string {
 		switch g := parents[parentOf(pod)]; {
 		case !writes:
 			return "this replica does not hold the lease: the grace waits"
@@ -221,14 +199,14 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 			// The API server could not tell: nothing is released on that.
 			return nil
 		}
-		pods, err := u.byIndex(TrackingKindIndex, kind)
+		pods, err := u.byIndex(count.TrackingKindIndex, kind)
 		if err != nil || len(pods) == 0 {
 			return err
 		}
 		return u.releaseAll(ctx, p, pods, nil, "unservable",
 			fmt.Sprintf("tally cannot keep the totals of %s (%s): released without counting them", kind, problem.Err))
 	}
-	var lost, orphaned []*Pod
+	var lost, orphaned []*count.Pod
 	for _, pod := range expired {
 		if parents[parentOf(pod)].orphaned {
 			orphaned = append(orphaned, pod)
@@ -250,8 +228,8 @@ func (u *Unrecorded) release(ctx context.Context, p config.Parent) error {
 	return errors.Join(errs...)
 }
 
-func (u *Unrecorded) byIndex(index string, kind schema.GroupKind) ([]*Pod, error) {
-	pods, err := byIndex(u.pods, index, kind.String())
+func (u *Unrecorded) byIndex(index string, kind schema.GroupKind) ([]*count.Pod, error) {
+	pods, err := count.ByIndex(u.pods, index, kind.String())
 	if err != nil {
 		return nil, fmt.Errorf("listing the pods of %s held by the tracking finalizer: %w", kind, err)
 	}
@@ -262,8 +240,8 @@ func (u *Unrecorded) byIndex(index string, kind schema.GroupKind) ([]*Pod, error
 // each group. A group fails alone: the others are released all the same.
 // force names the lost pods released even when their parent's ledger
 // cannot be read.
-func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Pod, force map[types.UID]bool, action, message string) error {
-	byParent := map[types.NamespacedName][]*Pod{}
+func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*count.Pod, force map[types.UID]bool, action, message string) error {
+	byParent := map[types.NamespacedName][]*count.Pod{}
 	for _, pod := range pods {
 		byParent[parentOf(pod)] = append(byParent[parentOf(pod)], pod)
 	}
@@ -279,7 +257,7 @@ func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Po
 		if action == "lost" {
 			// At most PodBatch under one lock: the parent's reconcile
 			// waits for it.
-			for batch := range slices.Chunk(group, PodBatch) {
+			for batch := range slices.Chunk(group, ledger.PodBatch) {
 				errs = append(errs, u.releaseLost(ctx, p, key, batch, force, message))
 			}
 			continue
@@ -304,27 +282,27 @@ func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*Po
 // lock. A ledger that cannot be read (the parent's read failing, the
 // ledger malformed) leaves the pods held until the next pass, whether they
 // are lost cannot be told, except those in force.
-func (u *Unrecorded) releaseLost(ctx context.Context, p config.Parent, key types.NamespacedName, group []*Pod, force map[types.UID]bool, message string) error {
+func (u *Unrecorded) releaseLost(ctx context.Context, p config.Parent, key types.NamespacedName, group []*count.Pod, force map[types.UID]bool, message string) error {
 	defer u.recording.lock(parentKey{kind: p.GroupKind(), name: key})()
 	reader := u.parents
 	if u.live != nil {
 		reader = u.live
 	}
 	parent, exists, _ := u.readParent(ctx, reader, p, key, group[0].Controller.UID)
-	var ledger Book
+	var book ledger.Book
 	var unread error
 	if parent == nil {
 		unread = fmt.Errorf("not read within %s", parentReadWait)
 	} else if exists {
-		ledger, unread = ReadBook(parent.Object, p.LedgerPath(), nil)
+		book, unread = ledger.ReadBook(parent.Object, p.LedgerPath(), nil)
 	}
 	if unread != nil {
-		group = slices.DeleteFunc(slices.Clone(group), func(pod *Pod) bool { return !force[pod.UID] })
+		group = slices.DeleteFunc(slices.Clone(group), func(pod *count.Pod) bool { return !force[pod.UID] })
 		if len(group) == 0 {
 			return fmt.Errorf("reading the ledger of %s %s, whose pods' tracking grace ran out, to tell whether it holds them (they are released after a second grace all the same): %w", p.GroupKind(), key, unread)
 		}
 	}
-	var carried []*Pod
+	var carried []*count.Pod
 	var errs []error
 	for _, pod := range group {
 		switch still, err := u.stillTracked(ctx, pod); {
@@ -337,7 +315,7 @@ func (u *Unrecorded) releaseLost(ctx context.Context, p config.Parent, key types
 	released, err := u.releaseGroup(ctx, p, carried, "lost")
 	var lost []string
 	for _, pod := range carried {
-		if slices.Contains(released, pod.Name) && !ledger.Has(pod.UID) {
+		if slices.Contains(released, pod.Name) && !book.Has(pod.UID) {
 			trackingLost.WithLabelValues(p.GroupKind().String()).Inc()
 			lost = append(lost, pod.Name)
 		}
@@ -349,7 +327,7 @@ func (u *Unrecorded) releaseLost(ctx context.Context, p config.Parent, key types
 // stillTracked reports whether pod, read from the API server when it can
 // be, still carries the tracking finalizer; a pod gone, or whose name
 // another pod took, does not.
-func (u *Unrecorded) stillTracked(ctx context.Context, pod *Pod) (bool, error) {
+func (u *Unrecorded) stillTracked(ctx context.Context, pod *count.Pod) (bool, error) {
 	if u.live == nil {
 		return true, nil
 	}
@@ -383,7 +361,7 @@ func (u *Unrecorded) readParent(ctx context.Context, reader client.Reader, p con
 
 // releaseGroup removes the finalizer of pods, each on its own, counting
 // each under action, and returns the names of those released.
-func (u *Unrecorded) releaseGroup(ctx context.Context, p config.Parent, pods []*Pod, action string) ([]string, error) {
+func (u *Unrecorded) releaseGroup(ctx context.Context, p config.Parent, pods []*count.Pod, action string) ([]string, error) {
 	counter := trackingFinalizers.WithLabelValues(p.GroupKind().String(), action)
 	var released []string
 	var errs []error
@@ -421,7 +399,7 @@ var eventReason = map[string]string{"unservable": "TrackingReleasedUncounted", "
 
 // patchRelease removes the tracking finalizer from pod; a pod already gone,
 // or whose name another pod took since, counts as released.
-func patchRelease(ctx context.Context, w client.Writer, pod *Pod) error {
+func patchRelease(ctx context.Context, w client.Writer, pod *count.Pod) error {
 	err := w.Patch(ctx, podMeta(pod.Namespace, pod.Name), releasePatch(pod.UID), client.FieldOwner(FieldManager))
 	if !Released(err) {
 		return fmt.Errorf("removing the tracking finalizer of pod %s/%s: %w", pod.Namespace, pod.Name, err)

@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 )
@@ -32,14 +33,14 @@ import (
 func TestOverdue(t *testing.T) {
 	now := time.Unix(10_000, 0)
 	grace := 2 * time.Minute
-	held := func(uid types.UID, deleted time.Duration) *Pod {
-		p := &Pod{Meta: Meta{UID: uid}, Tracking: true, Phase: corev1.PodSucceeded}
+	held := func(uid types.UID, deleted time.Duration) *count.Pod {
+		p := &count.Pod{Meta: count.Meta{UID: uid}, Tracking: true, Phase: corev1.PodSucceeded}
 		if deleted > 0 {
 			p.DeletionTimestamp = &metav1.Time{Time: now.Add(-deleted)}
 		}
 		return p
 	}
-	finishedAgo := func(uid types.UID, ago time.Duration) *Pod {
+	finishedAgo := func(uid types.UID, ago time.Duration) *count.Pod {
 		p := held(uid, 0)
 		p.FinishedAt = now.Add(-ago).Unix()
 		return p
@@ -47,72 +48,72 @@ func TestOverdue(t *testing.T) {
 	used := func(d time.Duration) heldPod { return heldPod{seen: now.Add(-time.Hour), used: d} }
 	// always: the grace runs, and a record of the parent was tried (since
 	// the pod was seen); never: the grace waits.
-	always := func(*Pod) graceOf { return graceOf{runs: true, tried: now} }
-	never := func(*Pod) graceOf { return graceOf{} }
+	always := func(*count.Pod) graceOf { return graceOf{runs: true, tried: now} }
+	never := func(*count.Pod) graceOf { return graceOf{} }
 	tests := []struct {
 		name        string
-		held        []*Pod
+		held        []*count.Pod
 		before      map[types.UID]heldPod
 		elapsed     time.Duration
-		runs        func(*Pod) graceOf
+		runs        func(*count.Pod) graceOf
 		want        map[types.UID]heldPod
 		wantExpired []types.UID
 	}{
-		{name: "first seen: the grace starts now", held: []*Pod{held("a", 0)}, elapsed: time.Hour, runs: always,
+		{name: "first seen: the grace starts now", held: []*count.Pod{held("a", 0)}, elapsed: time.Hour, runs: always,
 			want: map[types.UID]heldPod{"a": {seen: now}}},
 		{name: "deleted long before it was seen (the aggregator was away): the whole grace is left",
-			held: []*Pod{held("a", time.Hour)}, elapsed: 2 * time.Second, runs: always,
+			held: []*count.Pod{held("a", time.Hour)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": {seen: now}}},
-		{name: "within the grace", held: []*Pod{held("a", 0)}, before: map[types.UID]heldPod{"a": used(grace - 3*time.Second)},
+		{name: "within the grace", held: []*count.Pod{held("a", 0)}, before: map[types.UID]heldPod{"a": used(grace - 3*time.Second)},
 			elapsed: 2 * time.Second, runs: always, want: map[types.UID]heldPod{"a": used(grace - time.Second)}},
-		{name: "the whole grace used", held: []*Pod{held("a", 0)}, before: map[types.UID]heldPod{"a": used(grace - time.Second)},
+		{name: "the whole grace used", held: []*count.Pod{held("a", 0)}, before: map[types.UID]heldPod{"a": used(grace - time.Second)},
 			elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": used(grace + time.Second)}, wantExpired: []types.UID{"a"}},
 		{name: "paused (fenced, the gate cannot tell, parent not reconciled yet): the grace waits",
-			held: []*Pod{held("a", 0)}, before: map[types.UID]heldPod{"a": used(grace - time.Second)},
+			held: []*count.Pod{held("a", 0)}, before: map[types.UID]heldPod{"a": used(grace - time.Second)},
 			elapsed: time.Hour, runs: never, want: map[types.UID]heldPod{"a": used(grace - time.Second)}},
-		{name: "only the pods whose grace runs use it", held: []*Pod{held("a", 0), held("b", 0)},
+		{name: "only the pods whose grace runs use it", held: []*count.Pod{held("a", 0), held("b", 0)},
 			before: map[types.UID]heldPod{"a": used(time.Second), "b": used(time.Second)}, elapsed: time.Second,
-			runs: func(p *Pod) graceOf { return graceOf{runs: p.UID == "a"} },
+			runs: func(p *count.Pod) graceOf { return graceOf{runs: p.UID == "a"} },
 			want: map[types.UID]heldPod{"a": used(2 * time.Second), "b": used(time.Second)}},
 		{name: "past the hold limit: released once its grace ran here for a quarter of it (at most 30s)",
-			held: []*Pod{finishedAgo("a", 5*grace)}, before: map[types.UID]heldPod{"a": used(29 * time.Second)}, elapsed: 2 * time.Second, runs: always,
+			held: []*count.Pod{finishedAgo("a", 5*grace)}, before: map[types.UID]heldPod{"a": used(29 * time.Second)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": used(31 * time.Second)}, wantExpired: []types.UID{"a"}},
 		{name: "past the hold limit: held while its reconciles may still record it",
-			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(2 * time.Second)}, elapsed: 2 * time.Second, runs: always,
+			held: []*count.Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(2 * time.Second)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": used(4 * time.Second)}},
 		{name: "past the hold limit, first seen: none of the grace used here yet",
-			held: []*Pod{finishedAgo("a", time.Hour)}, elapsed: 2 * time.Second, runs: always,
+			held: []*count.Pod{finishedAgo("a", time.Hour)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": {seen: now}}},
 		{name: "past the hold limit, no record of its parent tried (waiting in the rate limiter): held",
-			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(31 * time.Second)}, elapsed: 2 * time.Second,
-			runs: func(*Pod) graceOf { return graceOf{runs: true} },
+			held: []*count.Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(31 * time.Second)}, elapsed: 2 * time.Second,
+			runs: func(*count.Pod) graceOf { return graceOf{runs: true} },
 			want: map[types.UID]heldPod{"a": used(33 * time.Second)}},
 		{name: "past the hold limit, the last record tried began before the pod was seen: held",
-			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(31 * time.Second)}, elapsed: 2 * time.Second,
-			runs: func(*Pod) graceOf { return graceOf{runs: true, tried: now.Add(-2 * time.Hour)} },
+			held: []*count.Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(31 * time.Second)}, elapsed: 2 * time.Second,
+			runs: func(*count.Pod) graceOf { return graceOf{runs: true, tried: now.Add(-2 * time.Hour)} },
 			want: map[types.UID]heldPod{"a": used(33 * time.Second)}},
 		{name: "past the hold limit, no reconcile would record it: released without a record tried",
-			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(31 * time.Second)}, elapsed: 2 * time.Second,
-			runs: func(*Pod) graceOf { return graceOf{runs: true, orphaned: true} },
+			held: []*count.Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(31 * time.Second)}, elapsed: 2 * time.Second,
+			runs: func(*count.Pod) graceOf { return graceOf{runs: true, orphaned: true} },
 			want: map[types.UID]heldPod{"a": used(33 * time.Second)}, wantExpired: []types.UID{"a"}},
 		{name: "no record tried, the whole grace used: released",
-			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(grace)}, elapsed: 2 * time.Second,
-			runs: func(*Pod) graceOf { return graceOf{runs: true} },
+			held: []*count.Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(grace)}, elapsed: 2 * time.Second,
+			runs: func(*count.Pod) graceOf { return graceOf{runs: true} },
 			want: map[types.UID]heldPod{"a": used(grace + 2*time.Second)}, wantExpired: []types.UID{"a"}},
 		{name: "past the hold limit, exactly 30s used: released",
-			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(28 * time.Second)}, elapsed: 2 * time.Second, runs: always,
+			held: []*count.Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(28 * time.Second)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": used(30 * time.Second)}, wantExpired: []types.UID{"a"}},
 		{name: "past the hold limit, enough used but paused now: held",
-			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(time.Minute)}, elapsed: 2 * time.Second, runs: never,
+			held: []*count.Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(time.Minute)}, elapsed: 2 * time.Second, runs: never,
 			want: map[types.UID]heldPod{"a": used(time.Minute)}},
 		{name: "past the hold limit, paused: held",
-			held: []*Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(time.Second)}, elapsed: 2 * time.Second, runs: never,
+			held: []*count.Pod{finishedAgo("a", time.Hour)}, before: map[types.UID]heldPod{"a": used(time.Second)}, elapsed: 2 * time.Second, runs: never,
 			want: map[types.UID]heldPod{"a": used(time.Second)}},
 		{name: "within the hold limit: the grace decides",
-			held: []*Pod{finishedAgo("a", 5*grace-time.Second)}, before: map[types.UID]heldPod{"a": used(time.Second)}, elapsed: 2 * time.Second, runs: always,
+			held: []*count.Pod{finishedAgo("a", 5*grace-time.Second)}, before: map[types.UID]heldPod{"a": used(time.Second)}, elapsed: 2 * time.Second, runs: always,
 			want: map[types.UID]heldPod{"a": used(3 * time.Second)}},
-		{name: "pods no longer held are forgotten", held: []*Pod{held("b", 0)}, before: map[types.UID]heldPod{"a": used(time.Hour)},
+		{name: "pods no longer held are forgotten", held: []*count.Pod{held("b", 0)}, before: map[types.UID]heldPod{"a": used(time.Hour)},
 			runs: always, want: map[types.UID]heldPod{"b": {seen: now}}},
 	}
 	for _, tt := range tests {
@@ -129,52 +130,27 @@ func TestOverdue(t *testing.T) {
 	t.Run("a short grace: a quarter of it is enough past the hold limit", func(t *testing.T) {
 		const short = 8 * time.Second
 		pod := finishedAgo("a", 5*short)
-		_, expired := overdue([]*Pod{pod}, map[types.UID]heldPod{"a": used(time.Second)}, clocks{now, now}, time.Second, short, always)
+		_, expired := overdue([]*count.Pod{pod}, map[types.UID]heldPod{"a": used(time.Second)}, clocks{now, now}, time.Second, short, always)
 		assert.Len(t, expired, 1)
-		_, expired = overdue([]*Pod{pod}, map[types.UID]heldPod{"a": used(0)}, clocks{now, now}, time.Second, short, always)
+		_, expired = overdue([]*count.Pod{pod}, map[types.UID]heldPod{"a": used(0)}, clocks{now, now}, time.Second, short, always)
 		assert.Empty(t, expired, "released with less than a quarter of a short grace used")
 	})
 	t.Run("the hold limit is by the API server's clock", func(t *testing.T) {
 		year := 365 * 24 * time.Hour
 		recent, old := finishedAgo("a", grace), finishedAgo("b", 6*grace)
 		before := map[types.UID]heldPod{"a": used(grace / 2), "b": used(grace / 2)}
-		_, expired := overdue([]*Pod{recent}, before, clocks{local: now.Add(year), server: now}, time.Second, grace, always)
+		_, expired := overdue([]*count.Pod{recent}, before, clocks{local: now.Add(year), server: now}, time.Second, grace, always)
 		assert.Empty(t, expired, "a local clock a year ahead made a pod past the hold limit")
-		_, expired = overdue([]*Pod{old}, before, clocks{local: now.Add(-year), server: now}, time.Second, grace, always)
+		_, expired = overdue([]*count.Pod{old}, before, clocks{local: now.Add(-year), server: now}, time.Second, grace, always)
 		assert.Len(t, expired, 1, "a local clock a year behind kept a pod past the hold limit")
 	})
-}
-
-func TestIndexHeld(t *testing.T) {
-	kind := Controller{Kind: schema.GroupKind{Group: "example.tally.dev", Kind: "WorkerPool"}}
-	tests := []struct {
-		name        string
-		pod         *Pod
-		held, track bool
-	}{
-		{"running, tracked", &Pod{Tracking: true, Phase: corev1.PodRunning, Controller: kind}, false, true},
-		{"finished, tracked", &Pod{Tracking: true, Phase: corev1.PodFailed, Controller: kind}, true, true},
-		{"being deleted, tracked", &Pod{Tracking: true, Phase: corev1.PodRunning, Controller: kind, Meta: Meta{DeletionTimestamp: &metav1.Time{}}}, true, true},
-		{"finished, released", &Pod{Phase: corev1.PodSucceeded, Controller: kind}, false, false},
-		{"tracked, of no tracked kind", &Pod{Tracking: true, Phase: corev1.PodSucceeded}, false, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			keys, err := indexHeld(tt.pod)
-			assert.NoError(t, err)
-			assert.Equal(t, tt.held, len(keys) == 1, "held index")
-			keys, err = indexTrackingKind(tt.pod)
-			assert.NoError(t, err)
-			assert.Equal(t, tt.track, len(keys) == 1, "tracking-kind index")
-		})
-	}
 }
 
 func TestReportHeld(t *testing.T) {
 	now := time.Unix(10_000, 0)
 	kind := schema.GroupKind{Group: "example.tally.dev", Kind: "HeldPool"}
-	pod := func(uid types.UID, finishedAgo time.Duration) *Pod {
-		p := &Pod{Meta: Meta{UID: uid}}
+	pod := func(uid types.UID, finishedAgo time.Duration) *count.Pod {
+		p := &count.Pod{Meta: count.Meta{UID: uid}}
 		if finishedAgo > 0 {
 			p.FinishedAt = now.Add(-finishedAgo).Unix()
 		}
@@ -182,14 +158,14 @@ func TestReportHeld(t *testing.T) {
 	}
 	tests := []struct {
 		name          string
-		pods          []*Pod
+		pods          []*count.Pod
 		held          map[types.UID]heldPod
 		count, oldest float64
 	}{
-		{name: "two held, the oldest for 90s (whatever grace it used)", pods: []*Pod{pod("a", 0), pod("b", 0)}, held: map[types.UID]heldPod{
+		{name: "two held, the oldest for 90s (whatever grace it used)", pods: []*count.Pod{pod("a", 0), pod("b", 0)}, held: map[types.UID]heldPod{
 			"a": {seen: now.Add(-90 * time.Second), used: time.Second}, "b": {seen: now.Add(-time.Second)},
 		}, count: 2, oldest: 90},
-		{name: "seen a moment ago by this process, finished 10 minutes ago", pods: []*Pod{pod("a", 10*time.Minute)},
+		{name: "seen a moment ago by this process, finished 10 minutes ago", pods: []*count.Pod{pod("a", 10*time.Minute)},
 			held: map[types.UID]heldPod{"a": {seen: now.Add(-time.Second)}}, count: 1, oldest: 600},
 		{name: "none held", count: 0, oldest: 0},
 	}
@@ -234,10 +210,10 @@ func TestReleaseDoesNotWaitForAnUnsyncedCache(t *testing.T) {
 		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
 	w := &patchRecorder{}
 	u := NewUnrecorded([]config.Parent{p}, nil, nil, blockingReader{}, w, &events.FakeRecorder{}, time.Minute, nil, &reconciledParents{}, logr.Discard())
-	var pods []*Pod
+	var pods []*count.Pod
 	for i, parent := range []string{"a", "b", "c"} {
-		pods = append(pods, &Pod{Meta: Meta{Namespace: "ns", Name: "held-" + parent, UID: types.UID(fmt.Sprint("uid-", i))}, Tracking: true, Phase: corev1.PodFailed,
-			Controller: Controller{Kind: p.GroupKind(), Name: parent}})
+		pods = append(pods, &count.Pod{Meta: count.Meta{Namespace: "ns", Name: "held-" + parent, UID: types.UID(fmt.Sprint("uid-", i))}, Tracking: true, Phase: corev1.PodFailed,
+			Controller: count.Controller{Kind: p.GroupKind(), Name: parent}})
 	}
 	done := make(chan error, 1)
 	go func() { done <- u.releaseAll(context.Background(), p, pods, nil, "unservable", "test") }()
@@ -293,8 +269,8 @@ func TestLostNeedsTheLedger(t *testing.T) {
 	p := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "LedgerPool",
 		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
 	kind := p.GroupKind().String()
-	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "held"}, Tracking: true, Phase: corev1.PodFailed,
-		Controller: Controller{Kind: p.GroupKind(), Name: "pool", UID: "pool-uid"}}
+	pod := &count.Pod{Meta: count.Meta{Namespace: "ns", Name: "held", UID: "held"}, Tracking: true, Phase: corev1.PodFailed,
+		Controller: count.Controller{Kind: p.GroupKind(), Name: "pool", UID: "pool-uid"}}
 	gone := apierrors.NewNotFound(schema.GroupResource{Resource: "ledgerpools"}, "pool")
 	for _, tt := range []struct {
 		name                      string
@@ -313,7 +289,7 @@ func TestLostNeedsTheLedger(t *testing.T) {
 			u := NewUnrecorded([]config.Parent{p}, nil, nil, blockingReader{}, w, &events.FakeRecorder{}, time.Minute, nil, &reconciledParents{}, logr.Discard())
 			u.live, u.recording = live, &recordLocks{}
 			before := testutil.ToFloat64(trackingLost.WithLabelValues(kind))
-			err := u.releaseAll(context.Background(), p, []*Pod{pod}, map[types.UID]bool{pod.UID: tt.force}, "lost", "test")
+			err := u.releaseAll(context.Background(), p, []*count.Pod{pod}, map[types.UID]bool{pod.UID: tt.force}, "lost", "test")
 			assert.Equal(t, tt.wantErr, err != nil, "error: %v", err)
 			assert.Equal(t, tt.wantReleased, len(w.patched) == 1, "released: %v", w.patched)
 			lost := testutil.ToFloat64(trackingLost.WithLabelValues(kind)) - before
@@ -332,8 +308,8 @@ func TestLostWaitsForARecord(t *testing.T) {
 	p := config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "RacePool",
 		Counts: map[config.Count]string{config.UnexpectedTotal: "status.unexpectedTotal"}, Ledger: "status.ledger"}
 	kind := p.GroupKind().String()
-	pod := &Pod{Meta: Meta{Namespace: "ns", Name: "held", UID: "held"}, Tracking: true, Phase: corev1.PodFailed,
-		Controller: Controller{Kind: p.GroupKind(), Name: "pool", UID: "pool-uid"}}
+	pod := &count.Pod{Meta: count.Meta{Namespace: "ns", Name: "held", UID: "held"}, Tracking: true, Phase: corev1.PodFailed,
+		Controller: count.Controller{Kind: p.GroupKind(), Name: "pool", UID: "pool-uid"}}
 	ledger := &ledgerReader{uid: "pool-uid"}
 	w := &patchRecorder{}
 	locks := &recordLocks{}
@@ -343,7 +319,7 @@ func TestLostWaitsForARecord(t *testing.T) {
 
 	unlock := locks.lock(parentKey{kind: p.GroupKind(), name: types.NamespacedName{Namespace: "ns", Name: "pool"}})
 	done := make(chan error, 1)
-	go func() { done <- u.releaseAll(context.Background(), p, []*Pod{pod}, nil, "lost", "test") }()
+	go func() { done <- u.releaseAll(context.Background(), p, []*count.Pod{pod}, nil, "lost", "test") }()
 	time.Sleep(100 * time.Millisecond)
 	assert.Zero(t, ledger.reads.Load(), "the ledger read while a record was under way")
 	ledger.record(pod.UID)
@@ -450,7 +426,7 @@ func TestFinishedAt(t *testing.T) {
 			pod:  corev1.Pod{ObjectMeta: metav1.ObjectMeta{ManagedFields: fields}, Status: corev1.PodStatus{Phase: corev1.PodFailed}},
 			want: 0},
 	}
-	r, err := NewReducer(nil)
+	r, err := count.NewReducer(nil)
 	require.NoError(t, err)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -465,10 +441,10 @@ func TestFinishedAt(t *testing.T) {
 func TestHeldPodsAreLoggedWithWhy(t *testing.T) {
 	kind := schema.GroupKind{Group: "example.tally.dev", Kind: "WorkerPool"}
 	now := time.Unix(10_000, 0)
-	pod := func(name, parent string) *Pod {
-		return &Pod{Meta: Meta{Name: name, Namespace: "ns", UID: types.UID(name)}, Controller: Controller{Kind: kind, Name: parent}}
+	pod := func(name, parent string) *count.Pod {
+		return &count.Pod{Meta: count.Meta{Name: name, Namespace: "ns", UID: types.UID(name)}, Controller: count.Controller{Kind: kind, Name: parent}}
 	}
-	held := []*Pod{pod("a-1", "a"), pod("a-2", "a"), pod("b-1", "b")}
+	held := []*count.Pod{pod("a-1", "a"), pod("a-2", "a"), pod("b-1", "b")}
 	known := map[types.UID]heldPod{
 		"a-1": {seen: now.Add(-2 * time.Minute), used: 5 * time.Second}, "a-2": {seen: now.Add(-time.Minute)},
 		"b-1": {seen: now.Add(-10 * time.Second)},
@@ -476,7 +452,7 @@ func TestHeldPodsAreLoggedWithWhy(t *testing.T) {
 	var lines []string
 	u := &Unrecorded{grace: 2 * time.Minute, logged: map[parentKey]time.Time{},
 		log: funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{})}
-	why := func(*Pod) string { return "the grace waits" }
+	why := func(*count.Pod) string { return "the grace waits" }
 
 	u.logWaiting(kind, held, known, clocks{now, now}, why)
 	require.Len(t, lines, 1)

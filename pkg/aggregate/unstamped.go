@@ -5,6 +5,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
+
+	"tally.dev/tally/pkg/aggregate/count"
 )
 
 // Unstamped holds the pods a backfill sweep decided to stamp, as it read
@@ -15,34 +17,34 @@ import (
 // client's rate.
 type Unstamped struct {
 	mu       sync.Mutex
-	byKey    map[string]*Pod
-	byParent map[types.UID]map[string]*Pod
+	byKey    map[string]*count.Pod
+	byParent map[types.UID]map[string]*count.Pod
 	// notify, when set, is told of the pods whose entry came or went
 	// outside of a reconcile, so that their parent is counted again.
-	notify func(*Pod)
+	notify func(*count.Pod)
 }
 
 // NewUnstamped returns an empty Unstamped.
 func NewUnstamped() *Unstamped {
-	return &Unstamped{byKey: map[string]*Pod{}, byParent: map[types.UID]map[string]*Pod{}}
+	return &Unstamped{byKey: map[string]*count.Pod{}, byParent: map[types.UID]map[string]*count.Pod{}}
 }
 
 // Notify makes f be told of each pod whose entry came or went outside of a
 // reconcile (a sweep's read, a pod gone before its stamp), so that its
 // parent is counted again.
-func (u *Unstamped) Notify(f func(*Pod)) {
+func (u *Unstamped) Notify(f func(*count.Pod)) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.notify = f
 }
 
 // replace makes pods, by pod key, what a sweep read.
-func (u *Unstamped) replace(pods map[string]*Pod) {
-	byParent := map[types.UID]map[string]*Pod{}
+func (u *Unstamped) replace(pods map[string]*count.Pod) {
+	byParent := map[types.UID]map[string]*count.Pod{}
 	for key, p := range pods {
 		m := byParent[p.ParentUID]
 		if m == nil {
-			m = map[string]*Pod{}
+			m = map[string]*count.Pod{}
 			byParent[p.ParentUID] = m
 		}
 		m[key] = p
@@ -56,7 +58,7 @@ func (u *Unstamped) replace(pods map[string]*Pod) {
 	if notify == nil {
 		return
 	}
-	for _, m := range []map[types.UID]map[string]*Pod{old, byParent} {
+	for _, m := range []map[types.UID]map[string]*count.Pod{old, byParent} {
 		for _, byKey := range m {
 			for _, p := range byKey {
 				notify(p) // one per parent
@@ -81,7 +83,7 @@ func (u *Unstamped) Forget(key string, gone bool) {
 }
 
 // drop removes the pod under key; u.mu is held.
-func (u *Unstamped) drop(key string) *Pod {
+func (u *Unstamped) drop(key string) *count.Pod {
 	p, ok := u.byKey[key]
 	if !ok {
 		return nil
@@ -106,9 +108,9 @@ func (u *Unstamped) drop(key string) *Pod {
 // given in between is then in both, and counted from the cache. The other
 // order would lose it: not yet in the cache's pods, and forgotten (here or
 // by EventHandler) before the held ones are taken.
-func (u *Unstamped) PodsOf(pods toolscache.Indexer, parent types.UID) (cached, held []*Pod, err error) {
+func (u *Unstamped) PodsOf(pods toolscache.Indexer, parent types.UID) (cached, held []*count.Pod, err error) {
 	held = u.of(parent, pods)
-	if cached, err = PodsOf(pods, parent); err != nil || len(held) == 0 {
+	if cached, err = count.PodsOf(pods, parent); err != nil || len(held) == 0 {
 		return cached, nil, err
 	}
 	keys := make(map[string]bool, len(cached))
@@ -126,13 +128,13 @@ func (u *Unstamped) PodsOf(pods toolscache.Indexer, parent types.UID) (cached, h
 
 // of returns the parent's held pods that the cache does not show, and
 // forgets those it shows.
-func (u *Unstamped) of(parent types.UID, pods toolscache.Indexer) []*Pod {
+func (u *Unstamped) of(parent types.UID, pods toolscache.Indexer) []*count.Pod {
 	if u == nil {
 		return nil
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	var out []*Pod
+	var out []*count.Pod
 	for key, p := range u.byParent[parent] {
 		if _, exists, err := pods.GetByKey(key); err == nil && exists {
 			u.drop(key)
@@ -161,7 +163,7 @@ func (u *Unstamped) Keys() []string {
 func (u *Unstamped) EventHandler() toolscache.ResourceEventHandler {
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if p, ok := obj.(*Pod); ok {
+			if p, ok := obj.(*count.Pod); ok {
 				u.Forget(p.Namespace+"/"+p.Name, false)
 			}
 		},

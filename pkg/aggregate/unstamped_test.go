@@ -8,28 +8,30 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
+
+	"tally.dev/tally/pkg/aggregate/count"
 )
 
 func TestUnstamped(t *testing.T) {
-	read := func(name string, parent types.UID) *Pod {
+	read := func(name string, parent types.UID) *count.Pod {
 		p := cachedPod(types.UID(name), corev1.PodRunning, false, false, false)
 		p.ParentUID, p.Controller.UID = parent, parent
 		return p
 	}
 	a1, a2, b1 := read("a1", "a"), read("a2", "a"), read("b1", "b")
-	cache := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, Indexers)
+	cache := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	u := NewUnstamped()
 	var notified []types.UID
-	u.Notify(func(p *Pod) { notified = append(notified, p.ParentUID) })
+	u.Notify(func(p *count.Pod) { notified = append(notified, p.ParentUID) })
 
-	held := func(parent types.UID) []*Pod {
+	held := func(parent types.UID) []*count.Pod {
 		_, held, err := u.PodsOf(cache, parent)
 		require.NoError(t, err)
 		return held
 	}
-	u.replace(map[string]*Pod{"ns/a1": a1, "ns/a2": a2, "ns/b1": b1})
+	u.replace(map[string]*count.Pod{"ns/a1": a1, "ns/a2": a2, "ns/b1": b1})
 	assert.ElementsMatch(t, []types.UID{"a", "b"}, notified, "every parent read is counted again")
-	assert.ElementsMatch(t, names([]*Pod{a1, a2}), names(held("a")))
+	assert.ElementsMatch(t, names([]*count.Pod{a1, a2}), names(held("a")))
 
 	// Stamped: the cache shows it, and counts it from then on.
 	stamped := read("a1", "a")
@@ -37,8 +39,8 @@ func TestUnstamped(t *testing.T) {
 	require.NoError(t, cache.Add(stamped))
 	cached, _, err := u.PodsOf(cache, "a")
 	require.NoError(t, err)
-	assert.Equal(t, names([]*Pod{stamped}), names(cached))
-	assert.ElementsMatch(t, names([]*Pod{a2}), names(held("a")))
+	assert.Equal(t, names([]*count.Pod{stamped}), names(cached))
+	assert.ElementsMatch(t, names([]*count.Pod{a2}), names(held("a")))
 	assert.Len(t, u.Keys(), 2)
 
 	// Given to the cache by its informer, then deleted before a reconcile:
@@ -56,7 +58,7 @@ func TestUnstamped(t *testing.T) {
 
 	// The next sweep's read replaces the last.
 	notified = nil
-	u.replace(map[string]*Pod{"ns/b2": read("b2", "b")})
+	u.replace(map[string]*count.Pod{"ns/b2": read("b2", "b")})
 	assert.Equal(t, []types.UID{"b"}, notified)
 	assert.Len(t, held("b"), 1)
 	_, none, err := (*Unstamped)(nil).PodsOf(cache, "b")
@@ -75,10 +77,10 @@ func (lateCache) GetByKey(string) (any, bool, error) { return nil, false, nil }
 func TestUnstampedCountsAPodOnce(t *testing.T) {
 	p := cachedPod("p", corev1.PodRunning, false, false, false)
 	p.ParentUID, p.Controller.UID = "a", "a"
-	cache := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, Indexers)
+	cache := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	require.NoError(t, cache.Add(p))
 	u := NewUnstamped()
-	u.replace(map[string]*Pod{"ns/p": p})
+	u.replace(map[string]*count.Pod{"ns/p": p})
 	cached, held, err := u.PodsOf(lateCache{cache}, "a")
 	require.NoError(t, err)
 	assert.Len(t, cached, 1)

@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/podexpr"
@@ -186,7 +188,7 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 	}
 	if p.Tracked() {
 		r.Ledger = &Ledger{Path: p.Ledger}
-		book, err := aggregate.ReadBook(parent.Object, p.LedgerPath(), p.Fields())
+		book, err := ledger.ReadBook(parent.Object, p.LedgerPath(), p.Fields())
 		if err != nil {
 			r.Ledger.Error = err.Error()
 			r.Equal = false
@@ -266,7 +268,7 @@ func Classify(pod *corev1.Pod) (config.Count, string) {
 	if terminating {
 		why = append(why, "terminating since "+pod.DeletionTimestamp.UTC().Format(time.RFC3339))
 	}
-	return aggregate.Class(intent, terminal, terminating), strings.Join(why, ", ")
+	return count.Class(intent, terminal, terminating), strings.Join(why, ", ")
 }
 
 func notCountedReason(ref *metav1.OwnerReference) string {

@@ -28,6 +28,7 @@ import (
 	"tally.dev/tally/cmd/aggregator/app"
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/framework"
@@ -244,9 +245,9 @@ func (s staleReader) List(context.Context, client.ObjectList, ...client.ListOpti
 
 // reconcilerWith returns a reconciler of WorkerPools that sees parent
 // through a stale cache and the given pods.
-func reconcilerWith(t *testing.T, parent *unstructured.Unstructured, pods ...*aggregate.Pod) *aggregate.Reconciler {
+func reconcilerWith(t *testing.T, parent *unstructured.Unstructured, pods ...*count.Pod) *aggregate.Reconciler {
 	t.Helper()
-	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	for _, p := range pods {
 		require.NoError(t, indexer.Add(p))
 	}
@@ -266,9 +267,9 @@ func TestRecreatedParentNeverGetsOldCounts(t *testing.T) {
 	ns := newNamespace(t)
 	old := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, old))
-	reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+	reducer, err := count.NewReducer([]config.Parent{workerPools})
 	require.NoError(t, err)
-	var pods []*aggregate.Pod
+	var pods []*count.Pod
 	for _, p := range mixedPods(operator.GVK, ns, "pool", old.GetUID(), 5) {
 		pods = append(pods, reducer.Pod(p))
 	}
@@ -283,7 +284,7 @@ func TestRecreatedParentNeverGetsOldCounts(t *testing.T) {
 	got := &unstructured.Unstructured{}
 	got.SetGroupVersionKind(operator.GVK)
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(replacement), got))
-	oldCounts := aggregate.Tally(ns, old.GetUID(), pods)
+	oldCounts := count.Tally(ns, old.GetUID(), pods)
 	var total int64
 	for count, path := range allCounts {
 		total += oldCounts.Get(count)
@@ -310,7 +311,7 @@ func TestStatusNotFoundOfExistingParent(t *testing.T) {
 	p := parentOf(gvk, map[config.Count]string{config.Completing: "status.completing"})
 	r := aggregate.NewReconciler(p, aggregate.Deps{
 		Parents: staleReader{parent}, Live: env.Client, Writer: env.Client,
-		Pods:       toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers),
+		Pods:       toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers),
 		Backfilled: func(context.Context) error { return nil }, Recorder: events.NewFakeRecorder(10),
 	})
 	var err error
@@ -380,9 +381,9 @@ func TestNoWriteFromAViewThatWasStale(t *testing.T) {
 			ns := newNamespace(t)
 			pool := operator.Pool(ns, "pool", 0)
 			require.NoError(t, env.Client.Create(ctx, pool))
-			reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+			reducer, err := count.NewReducer([]config.Parent{workerPools})
 			require.NoError(t, err)
-			indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+			indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 			for _, p := range mixedPods(operator.GVK, ns, "pool", pool.GetUID(), 5) {
 				require.NoError(t, indexer.Add(reducer.Pod(p)))
 			}
@@ -440,9 +441,9 @@ func TestARereadReleasesOnce(t *testing.T) {
 	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(42), "status", "completing"))
 	require.NoError(t, env.Client.Status().Update(ctx, pool))
 
-	reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+	reducer, err := count.NewReducer([]config.Parent{workerPools})
 	require.NoError(t, err)
-	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	for i := range 3 {
 		p := member(operator.GVK, ns, "pool", pool.GetUID(), fmt.Sprintf("p-%d", i)).Finalizer(keys.TrackingFinalizer).Build()
 		require.NoError(t, indexer.Add(reducer.Pod(p)))
@@ -482,9 +483,9 @@ func TestANotServedParentIsNotGone(t *testing.T) {
 	ns := newNamespace(t)
 	pool := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, pool))
-	reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+	reducer, err := count.NewReducer([]config.Parent{workerPools})
 	require.NoError(t, err)
-	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	for _, p := range mixedPods(operator.GVK, ns, "pool", pool.GetUID(), 5) {
 		require.NoError(t, indexer.Add(reducer.Pod(p)))
 	}
@@ -509,9 +510,9 @@ func TestANotServedParentKeepsItsPods(t *testing.T) {
 	ns := newNamespace(t)
 	pool := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, pool))
-	reducer, err := aggregate.NewReducer([]config.Parent{workerPools})
+	reducer, err := count.NewReducer([]config.Parent{workerPools})
 	require.NoError(t, err)
-	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	for i := range 3 {
 		p := member(operator.GVK, ns, "pool", pool.GetUID(), fmt.Sprintf("p-%d", i)).Finalizer(keys.TrackingFinalizer).Build()
 		require.NoError(t, indexer.Add(reducer.Pod(p)))

@@ -17,6 +17,7 @@ import (
 
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/builder"
@@ -79,7 +80,7 @@ func runSweep(ctx context.Context, env *framework.Env, total, tracked int) error
 	fmt.Printf("baseline: paginated List of %d whole pods: %s, %.1f MiB received\n", n, baseTime.Round(time.Millisecond), mib(baseBytes))
 
 	parents := []config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}}
-	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, aggregate.Indexers)
+	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	b := aggregate.NewBackfill(mutate.NewMutator(parents, nil), cl, cl, indexer,
 		func(context.Context) bool { return true }, time.Hour, ctrl.Log.WithName("backfill"))
 	for _, phase := range []string{"first sweep (stamps the tracked pods)", "steady-state sweep (nothing to stamp)"} {

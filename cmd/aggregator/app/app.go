@@ -21,6 +21,7 @@ import (
 	"tally.dev/tally/internal/apiwait"
 	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/apiclock"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/freshness"
@@ -84,7 +85,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 	// Compiles the custom counts: a configuration whose expressions do
 	// not compile is refused before anything runs.
-	reducer, err := aggregate.NewReducer(cfg.Parents)
+	reducer, err := count.NewReducer(cfg.Parents)
 	if err != nil {
 		return err
 	}
@@ -197,7 +198,7 @@ func (opts *Options) validate() error {
 }
 
 // runManager runs one manager until ctx is done or it stops.
-func runManager(ctx context.Context, cfg *config.Config, reducer *aggregate.Reducer, restCfg *rest.Config, opts Options, view *freshness.Monitor, serverNow func() time.Time, identity string, p *probes) error {
+func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer, restCfg *rest.Config, opts Options, view *freshness.Monitor, serverNow func() time.Time, identity string, p *probes) error {
 	log := ctrl.LoggerFrom(ctx)
 	// The watchdog runs from before the manager starts: a first sync that
 	// never ends is a stall too.

@@ -1,4 +1,4 @@
-package aggregate
+package ledger
 
 import (
 	"fmt"
@@ -10,8 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
-	"tally.dev/tally/pkg/intent"
 )
 
 // MaxLedger bounds how many pods a parent's ledger holds at once, as the
@@ -89,14 +89,14 @@ type Step struct {
 	Book Book
 	// Release are the pods whose finalizer goes once Book is written: they
 	// are recorded in it.
-	Release []*Pod
+	Release []*count.Pod
 	// Track are the pods that must carry the finalizer and do not.
-	Track []*Pod
+	Track []*count.Pod
 	// Confirm are the cached pods whose state decides the step and that the
 	// cache cannot vouch for: each is read from the API server (a GET) and
 	// the step taken again. Until then they are left as they are: not
 	// recorded, or kept in the ledger.
-	Confirm []*Pod
+	Confirm []*count.Pod
 	// Unlisted reports a ledger UID that the cache does not show and this
 	// process did not release: only a list of the parent's pods tells
 	// whether it is gone. It is kept in the ledger until then.
@@ -106,12 +106,6 @@ type Step struct {
 // Settled reports whether the step decided everything: nothing waits for
 // the API server's word.
 func (s *Step) Settled() bool { return len(s.Confirm) == 0 && !s.Unlisted }
-
-// Finished reports whether a pod will never run again (intent.Finished:
-// terminal, or being deleted; the Job controller's rule).
-func (p *Pod) Finished() bool {
-	return intent.Finished(p.Phase, p.DeletionTimestamp != nil)
-}
 
 // Advance takes one step of the ledger protocol for the parent's pods in S(P)
 // (pods), from what its status shows (book).
@@ -136,13 +130,13 @@ func (p *Pod) Finished() bool {
 // released, and at most the candidates are read, never the parent's pods:
 // a list is asked for (Unlisted) only for a ledger UID the cache has never
 // shown, which happens after a restart when its pod was deleted meanwhile.
-func Advance(pods []*Pod, book Book, released func(types.UID) bool, live Live) Step {
-	cached := make(map[types.UID]*Pod, len(pods))
+func Advance(pods []*count.Pod, book Book, released func(types.UID) bool, live Live) Step {
+	cached := make(map[types.UID]*count.Pod, len(pods))
 	for _, p := range pods {
 		cached[p.UID] = p
 	}
 	step := Step{Book: Book{CompletedTotal: book.CompletedTotal, UnexpectedTotal: book.UnexpectedTotal}}
-	confirm := func(p *Pod) { step.Confirm = append(step.Confirm, p) }
+	confirm := func(p *count.Pod) { step.Confirm = append(step.Confirm, p) }
 	var release []types.UID
 	keep := func(uids []types.UID, total *int64) []types.UID {
 		var out []types.UID
@@ -226,7 +220,7 @@ func ReadBook(obj map[string]any, ledger []string, fields []config.Field) (Book,
 		if err != nil || !found {
 			continue
 		}
-		n, ok := toInt64(v)
+		n, ok := ToInt64(v)
 		if !ok || n < 0 {
 			return Book{}, fmt.Errorf("%s holds %v, not a total", joinPath(f.Path), v)
 		}
@@ -274,9 +268,9 @@ func nestedField(obj map[string]any, path []string) (any, bool, error) {
 
 func joinPath(path []string) string { return strings.Join(path, ".") }
 
-// toInt64 returns v as an integer, as decoded from JSON or set by the
+// ToInt64 returns v as an integer, as decoded from JSON or set by the
 // aggregator.
-func toInt64(v any) (int64, bool) {
+func ToInt64(v any) (int64, bool) {
 	switch n := v.(type) {
 	case int64:
 		return n, true
@@ -297,9 +291,9 @@ func toInt64(v any) (int64, bool) {
 // parent, which follows at once.
 const PodBatch = 100
 
-// batch returns the pods to track and to release in one reconcile, at most
+// Batch returns the pods to track and to release in one reconcile, at most
 // PodBatch in all, releases first: they record the finish of pods.
-func batch(track, release []*Pod) ([]*Pod, []*Pod) {
+func Batch(track, release []*count.Pod) ([]*count.Pod, []*count.Pod) {
 	release = release[:min(len(release), PodBatch)]
 	return track[:min(len(track), PodBatch-len(release))], release
 }
@@ -311,11 +305,11 @@ func batch(track, release []*Pod) ([]*Pod, []*Pod) {
 // this much later.
 const FoldDelay = time.Second
 
-// foldWait returns how long the step may wait before it is written: a step
+// FoldWait returns how long the step may wait before it is written: a step
 // that only folds pods this process released less than FoldDelay ago, and
 // does nothing else, waits for the next record or for the delay, whichever
 // comes first. Zero when it is to be written now.
-func foldWait(book *Book, step *Step, released map[types.UID]time.Time, now time.Time) time.Duration {
+func FoldWait(book *Book, step *Step, released map[types.UID]time.Time, now time.Time) time.Duration {
 	if step.Book.Equal(book) || len(step.Release) > 0 || len(step.Track) > 0 || !step.Settled() || book.size() >= MaxLedger/2 {
 		return 0
 	}

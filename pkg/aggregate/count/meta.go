@@ -1,4 +1,4 @@
-package aggregate
+package count
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -1,4 +1,4 @@
-package aggregate
+package count
 
 import (
 	"k8s.io/apimachinery/pkg/types"

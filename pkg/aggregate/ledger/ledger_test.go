@@ -1,4 +1,4 @@
-package aggregate
+package ledger
 
 import (
 	"fmt"
@@ -11,12 +11,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
 )
 
 // cachedPod is a pod as the cache shows it.
-func cachedPod(uid types.UID, phase corev1.PodPhase, tracking, intent, deleting bool) *Pod {
-	p := &Pod{Meta: Meta{Name: string(uid), Namespace: "ns", UID: uid}, Phase: phase, Tracking: tracking, Intent: intent}
+func cachedPod(uid types.UID, phase corev1.PodPhase, tracking, intent, deleting bool) *count.Pod {
+	p := &count.Pod{Meta: count.Meta{Name: string(uid), Namespace: "ns", UID: uid}, Phase: phase, Tracking: tracking, Intent: intent}
 	if deleting {
 		p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 	}
@@ -34,7 +35,7 @@ func asked(pods map[types.UID]LivePod) Live {
 	return l
 }
 
-func names(pods []*Pod) []types.UID {
+func names(pods []*count.Pod) []types.UID {
 	var out []types.UID
 	for _, p := range pods {
 		out = append(out, p.UID)
@@ -54,7 +55,7 @@ func TestAdvance(t *testing.T) {
 
 	tests := []struct {
 		name     string
-		pods     []*Pod
+		pods     []*count.Pod
 		book     Book
 		released func(types.UID) bool
 		live     Live
@@ -62,69 +63,69 @@ func TestAdvance(t *testing.T) {
 	}{
 		{
 			name: "nothing finished: pods without the finalizer get it",
-			pods: []*Pod{running, untracked},
-			want: Step{Track: []*Pod{untracked}},
+			pods: []*count.Pod{running, untracked},
+			want: Step{Track: []*count.Pod{untracked}},
 		},
 		{
 			name: "a finished pod needs the API server's word: it alone is read",
-			pods: []*Pod{running, failed},
-			want: Step{Confirm: []*Pod{failed}},
+			pods: []*count.Pod{running, failed},
+			want: Step{Confirm: []*count.Pod{failed}},
 		},
 		{
 			name: "finished pods are recorded by class, and released",
-			pods: []*Pod{failed, done, deleting, deletingIntent},
+			pods: []*count.Pod{failed, done, deleting, deletingIntent},
 			live: asked(map[types.UID]LivePod{"fail": {Tracking: true}, "done": {Tracking: true, Intent: true}, "del": {Tracking: true}, "deli": {Tracking: true, Intent: true}}),
 			want: Step{
 				Book:    Book{Completed: []types.UID{"done", "deli"}, Unexpected: []types.UID{"fail", "del"}},
-				Release: []*Pod{failed, done, deleting, deletingIntent},
+				Release: []*count.Pod{failed, done, deleting, deletingIntent},
 			},
 		},
 		{
 			name: "a pod the cache shows stale (its finalizer gone) is not recorded",
-			pods: []*Pod{failed},
+			pods: []*count.Pod{failed},
 			live: asked(map[types.UID]LivePod{"fail": {}}),
 			want: Step{},
 		},
 		{
 			name: "a pod gone from the API server is not recorded",
-			pods: []*Pod{failed},
+			pods: []*count.Pod{failed},
 			live: Live{Asked: map[types.UID]bool{"fail": true}},
 			want: Step{},
 		},
 		{
 			name: "only the pods asked about are decided; the others are asked for again",
-			pods: []*Pod{failed, done},
+			pods: []*count.Pod{failed, done},
 			live: asked(map[types.UID]LivePod{"fail": {Tracking: true}}),
-			want: Step{Book: Book{Unexpected: []types.UID{"fail"}}, Release: []*Pod{failed}, Confirm: []*Pod{done}},
+			want: Step{Book: Book{Unexpected: []types.UID{"fail"}}, Release: []*count.Pod{failed}, Confirm: []*count.Pod{done}},
 		},
 		{
 			name:     "a pod this process released is neither recorded nor read",
-			pods:     []*Pod{failed},
+			pods:     []*count.Pod{failed},
 			released: released,
 			want:     Step{},
 		},
 		{
 			name:     "a released ledger pod is folded without a read",
-			pods:     []*Pod{failed},
+			pods:     []*count.Pod{failed},
 			book:     Book{Unexpected: []types.UID{"fail"}, UnexpectedTotal: 4, CompletedTotal: 2},
 			released: released,
 			want:     Step{Book: Book{CompletedTotal: 2, UnexpectedTotal: 5}},
 		},
 		{
 			name: "a ledger pod still carrying the finalizer stays, and is released",
-			pods: []*Pod{done},
+			pods: []*count.Pod{done},
 			book: Book{Completed: []types.UID{"done"}},
-			want: Step{Book: Book{Completed: []types.UID{"done"}}, Release: []*Pod{done}},
+			want: Step{Book: Book{Completed: []types.UID{"done"}}, Release: []*count.Pod{done}},
 		},
 		{
 			name: "a ledger pod the cache shows without the finalizer is kept until the API server's word",
-			pods: []*Pod{gone, failed},
+			pods: []*count.Pod{gone, failed},
 			book: Book{Unexpected: []types.UID{"gone"}},
-			want: Step{Book: Book{Unexpected: []types.UID{"gone"}}, Confirm: []*Pod{gone, failed}},
+			want: Step{Book: Book{Unexpected: []types.UID{"gone"}}, Confirm: []*count.Pod{gone, failed}},
 		},
 		{
 			name: "a ledger pod the API server shows without the finalizer is folded",
-			pods: []*Pod{gone},
+			pods: []*count.Pod{gone},
 			book: Book{Unexpected: []types.UID{"gone"}},
 			live: asked(map[types.UID]LivePod{"gone": {}}),
 			want: Step{Book: Book{UnexpectedTotal: 1}},
@@ -159,7 +160,7 @@ func TestAdvance(t *testing.T) {
 // TestAdvanceBoundsTheLedger: at most MaxLedger pods wait in the ledger;
 // the others keep their finalizer until a fold makes room.
 func TestAdvanceBoundsTheLedger(t *testing.T) {
-	var pods []*Pod
+	var pods []*count.Pod
 	live := Live{Pods: map[types.UID]LivePod{}, All: true}
 	for i := range MaxLedger + 20 {
 		uid := types.UID(fmt.Sprintf("p%04d", i))
@@ -209,9 +210,9 @@ func TestAdvanceCountsOnce(t *testing.T) {
 						if r >= 12 {
 							cache = api // caught up
 						}
-						var pods []*Pod
+						var pods []*count.Pod
 						if cache.exists {
-							pods = []*Pod{cachedPod("p", corev1.PodFailed, cache.tracking, false, false)}
+							pods = []*count.Pod{cachedPod("p", corev1.PodFailed, cache.tracking, false, false)}
 						}
 						released := func(u types.UID) bool { return remembered[u] }
 						step := Advance(pods, book, released, Live{})
@@ -300,7 +301,7 @@ func TestReadBook(t *testing.T) {
 }
 
 func TestBatch(t *testing.T) {
-	pods := func(n int) []*Pod { return make([]*Pod, n) }
+	pods := func(n int) []*count.Pod { return make([]*count.Pod, n) }
 	tests := []struct {
 		name                   string
 		track, release         int
@@ -313,28 +314,11 @@ func TestBatch(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			track, release := batch(pods(tc.track), pods(tc.release))
+			track, release := Batch(pods(tc.track), pods(tc.release))
 			assert.Len(t, track, tc.wantTrack)
 			assert.Len(t, release, tc.wantRelease)
 		})
 	}
-}
-
-// TestReleasesOutliveAStaleParent: a released pod is remembered while
-// either ledger holds it, so that a reconcile reading a parent one write
-// behind (the fold not yet cached) neither reads nor lists it.
-func TestReleasesOutliveAStaleParent(t *testing.T) {
-	r := newReleases()
-	r.add("parent", "p")
-	folded := &Book{UnexpectedTotal: 1}
-	stale := &Book{Unexpected: []types.UID{"p"}}
-	remembered := func() bool { _, ok := r.of("parent")["p"]; return ok }
-	r.settle("parent", nil, stale, folded)
-	assert.True(t, remembered(), "the cached parent still shows it in its ledger")
-	r.settle("parent", nil, &Book{Unexpected: []types.UID{"p"}, UnexpectedTotal: 0}, &Book{Unexpected: []types.UID{"p"}})
-	assert.True(t, remembered(), "just recorded and released")
-	r.settle("parent", nil, folded, folded)
-	assert.False(t, remembered(), "folded, and the cache shows it")
 }
 
 func TestFoldWait(t *testing.T) {
@@ -351,12 +335,12 @@ func TestFoldWait(t *testing.T) {
 		{"a fold of a pod released long enough ago is due", folded, map[types.UID]time.Time{"a": now.Add(-2 * time.Second)}, 0},
 		{"a fold from the API server's word is written now", folded, nil, 0},
 		{"a record is written now, folds and all", Step{Book: Book{Unexpected: []types.UID{"b", "c"}, UnexpectedTotal: 1}}, map[types.UID]time.Time{"a": now}, 0},
-		{"a step that releases is written now", Step{Book: folded.Book, Release: []*Pod{{}}}, map[types.UID]time.Time{"a": now}, 0},
+		{"a step that releases is written now", Step{Book: folded.Book, Release: []*count.Pod{{}}}, map[types.UID]time.Time{"a": now}, 0},
 		{"nothing to write", Step{Book: ledger}, nil, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, foldWait(&ledger, &tc.step, tc.released, now))
+			assert.Equal(t, tc.want, FoldWait(&ledger, &tc.step, tc.released, now))
 		})
 	}
 }

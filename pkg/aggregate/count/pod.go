@@ -1,8 +1,7 @@
-package aggregate
+package count
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"time"
 	"unique"
@@ -12,10 +11,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/intent"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/pkg/mutate"
 )
@@ -137,10 +136,10 @@ func (r *Reducer) Transform(obj any) (any, error) {
 func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 	out := &Pod{
 		Meta: Meta{
-			Name: pod.Name, Namespace: intern(pod.Namespace), UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+			Name: pod.Name, Namespace: Intern(pod.Namespace), UID: pod.UID, ResourceVersion: pod.ResourceVersion,
 			DeletionTimestamp: pod.DeletionTimestamp,
 		},
-		ParentUID: types.UID(intern(pod.Labels[keys.ParentUID])),
+		ParentUID: types.UID(Intern(pod.Labels[keys.ParentUID])),
 		Phase:     phase(pod.Status.Phase),
 	}
 	_, out.Intent = pod.Annotations[keys.CompletionIntent]
@@ -151,7 +150,7 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 		}
 	}
 	if ref := metav1.GetControllerOfNoCopy(pod); ref != nil {
-		out.Controller = Controller{Name: intern(ref.Name), UID: ref.UID}
+		out.Controller = Controller{Name: Intern(ref.Name), UID: ref.UID}
 		if out.Controller.UID == out.ParentUID {
 			// Share one string for the two equal UIDs.
 			out.Controller.UID = out.ParentUID
@@ -196,10 +195,10 @@ func finishedAt(pod *corev1.Pod) time.Time {
 	return t
 }
 
-// intern returns the canonical copy of s: the strings that pods share
+// Intern returns the canonical copy of s: the strings that pods share
 // are held once. The canonical map holds them weakly (package unique), so it
 // never outgrows what the cache holds.
-func intern(s string) string {
+func Intern(s string) string {
 	if s == "" {
 		return ""
 	}
@@ -230,60 +229,8 @@ func (r *Reducer) misstamped(pod *corev1.Pod, reduced *Pod) (bool, types.UID) {
 	return len(d.Patch) > 0, d.Parent.UID
 }
 
-// ParentIndex names the pod informer's index by parent UID.
-const ParentIndex = "tally.dev/parent-uid"
-
-// IndexByParent is the pod informer's index function: a pod is filed under
-// its ParentUID. UIDs are unique across namespaces, so the key needs no
-// namespace.
-func IndexByParent(obj any) ([]string, error) {
-	if p, ok := obj.(*Pod); ok {
-		return []string{string(p.ParentUID)}, nil
-	}
-	return nil, fmt.Errorf("indexing by parent: unexpected object %T", obj)
-}
-
-// MisstampedIndex names the pod informer's index of the pods whose tally
-// metadata the backfill sweep must correct; they are filed under
-// "true", the others under no key.
-const MisstampedIndex = "tally.dev/misstamped"
-
-const misstampedValue = "true"
-
-func indexMisstamped(obj any) ([]string, error) {
-	if p, ok := obj.(*Pod); ok && p.Misstamped {
-		return []string{misstampedValue}, nil
-	}
-	return nil, nil
-}
-
-// Indexers are the indexes the pod informer needs.
-var Indexers = toolscache.Indexers{
-	ParentIndex: IndexByParent, MisstampedIndex: indexMisstamped, OwnerIndex: indexTrackingOwner,
-	TrackingKindIndex: indexTrackingKind, HeldIndex: indexHeld,
-}
-
-// PodsOf returns the cached pods filed under the parent's UID. The pods are
-// shared with the cache and must not be modified.
-func PodsOf(indexer toolscache.Indexer, uid types.UID) ([]*Pod, error) {
-	pods, err := byIndex(indexer, ParentIndex, string(uid))
-	if err != nil {
-		return nil, fmt.Errorf("listing pods of parent %s: %w", uid, err)
-	}
-	return pods, nil
-}
-
-// byIndex returns the cached pods filed under key in index.
-func byIndex(indexer toolscache.Indexer, index, key string) ([]*Pod, error) {
-	objs, err := indexer.ByIndex(index, key)
-	if err != nil {
-		return nil, err
-	}
-	pods := make([]*Pod, 0, len(objs))
-	for _, obj := range objs {
-		if p, ok := obj.(*Pod); ok {
-			pods = append(pods, p)
-		}
-	}
-	return pods, nil
+// Finished reports whether a pod will never run again (intent.Finished:
+// terminal, or being deleted; the Job controller's rule).
+func (p *Pod) Finished() bool {
+	return intent.Finished(p.Phase, p.DeletionTimestamp != nil)
 }
