@@ -411,7 +411,7 @@ DURATION ?= 10m
 SEED ?=
 
 .PHONY: robustness
-robustness: $(TEST_TOOLS) ## Two aggregator processes and the webhook under seeded random faults (cuts, broken and throttled pod watches, throttled writes, the leader killed or paused, stops of one or every replica, rollouts, the webhook down, pools deleted and created again, kube-apiserver and etcd restarts) over a churn of pods, the invariants checked on what the API server recorded: seeds one after another for DURATION (default 10m); SEED=n replays one.
+robustness: $(TEST_TOOLS) ## Two aggregator processes and the webhook under seeded random faults (cuts, broken, ended, trickling and throttled pod watches, late replays, throttled writes, steps of the API server clock, the leader killed or paused, stops of one or every replica, rollouts, the webhook down, pools deleted and created again, kube-apiserver and etcd restarts) over a churn of pods, the invariants checked on what the API server recorded: seeds one after another for DURATION (default 10m); SEED=n replays one.
 	@echo ">> the robustness suite $(if $(SEED),on seed $(SEED),for $(DURATION))"
 	TALLY_ROBUSTNESS_SEED=$(SEED) TALLY_ROBUSTNESS_DURATION=$(if $(SEED),,$(DURATION)) \
 		go test ./test/robustness -run '^TestRobustness$$' -count=1 -v -timeout 24h

@@ -10,11 +10,12 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/count/counttest"
 )
 
 func TestUnstamped(t *testing.T) {
 	read := func(name string, parent types.UID) *count.Pod {
-		p := cachedPod(types.UID(name), corev1.PodRunning, false, false, false)
+		p := counttest.Pod(types.UID(name), corev1.PodRunning, false, false, false)
 		p.ParentUID, p.Controller.UID = parent, parent
 		return p
 	}
@@ -31,7 +32,7 @@ func TestUnstamped(t *testing.T) {
 	}
 	u.replace(map[string]*count.Pod{"ns/a1": a1, "ns/a2": a2, "ns/b1": b1})
 	assert.ElementsMatch(t, []types.UID{"a", "b"}, notified, "every parent read is counted again")
-	assert.ElementsMatch(t, names([]*count.Pod{a1, a2}), names(held("a")))
+	assert.ElementsMatch(t, counttest.UIDs([]*count.Pod{a1, a2}), counttest.UIDs(held("a")))
 
 	// Stamped: the cache shows it, and counts it from then on.
 	stamped := read("a1", "a")
@@ -39,8 +40,8 @@ func TestUnstamped(t *testing.T) {
 	require.NoError(t, cache.Add(stamped))
 	cached, _, err := u.PodsOf(cache, "a")
 	require.NoError(t, err)
-	assert.Equal(t, names([]*count.Pod{stamped}), names(cached))
-	assert.ElementsMatch(t, names([]*count.Pod{a2}), names(held("a")))
+	assert.Equal(t, counttest.UIDs([]*count.Pod{stamped}), counttest.UIDs(cached))
+	assert.ElementsMatch(t, counttest.UIDs([]*count.Pod{a2}), counttest.UIDs(held("a")))
 	assert.Len(t, u.Keys(), 2)
 
 	// Given to the cache by its informer, then deleted before a reconcile:
@@ -75,7 +76,7 @@ func (lateCache) GetByKey(string) (any, bool, error) { return nil, false, nil }
 // TestUnstampedCountsAPodOnce: a pod the cache is given while a reconcile
 // reads is counted once, from the cache.
 func TestUnstampedCountsAPodOnce(t *testing.T) {
-	p := cachedPod("p", corev1.PodRunning, false, false, false)
+	p := counttest.Pod("p", corev1.PodRunning, false, false, false)
 	p.ParentUID, p.Controller.UID = "a", "a"
 	cache := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	require.NoError(t, cache.Add(p))

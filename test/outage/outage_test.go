@@ -692,6 +692,20 @@ func TestRecoversFromAnAPIServerRestart(t *testing.T) {
 	}
 }
 
+// runBehindAParentBreaker creates a pool of n pods and runs the aggregator
+// with the pools' list and watch through a WatchBreaker, until its counts
+// are written; it returns the pool's namespace, its pods and the breaker.
+func runBehindAParentBreaker(t *testing.T, n int) (string, []*corev1.Pod, *framework.WatchBreaker) {
+	t.Helper()
+	ns, pods := createPool(t, n)
+	cfg := rest.CopyConfig(env.Config)
+	breaker := &framework.WatchBreaker{Path: "/apis/example.tally.dev/v1/workerpools"}
+	breaker.Wrap(cfg)
+	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
+	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond)
+	return ns, pods, breaker
+}
+
 // TestAParentCacheBehindIsReadLive: the parents' watch broken while
 // everything else answers, so the parent cache keeps the version it had;
 // pods change one after another, and each change is written at once: the
@@ -699,12 +713,7 @@ func TestRecoversFromAnAPIServerRestart(t *testing.T) {
 // parent is read from the API server, with no conflict and no wait for
 // the cache.
 func TestAParentCacheBehindIsReadLive(t *testing.T) {
-	ns, pods := createPool(t, 6)
-	cfg := rest.CopyConfig(env.Config)
-	breaker := framework.WatchBreaker{Path: "/apis/example.tally.dev/v1/workerpools"}
-	breaker.Wrap(cfg)
-	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
-	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond)
+	ns, pods, breaker := runBehindAParentBreaker(t, 6)
 	breaker.Set(true)
 	var conflicts, liveReads float64
 	for i, p := range pods[:4] {
@@ -732,12 +741,7 @@ func TestAParentCacheBehindIsReadLive(t *testing.T) {
 // server, since its view is not known fresh, and the count written again
 // at once, not when the watch comes back.
 func TestAStaleParentViewIsReadLive(t *testing.T) {
-	ns, pods := createPool(t, 3)
-	cfg := rest.CopyConfig(env.Config)
-	breaker := framework.WatchBreaker{Path: "/apis/example.tally.dev/v1/workerpools"}
-	breaker.Wrap(cfg)
-	run(t, cfg, app.Options{MaxConcurrentReconciles: 2})
-	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 60*time.Second, 50*time.Millisecond)
+	ns, pods, breaker := runBehindAParentBreaker(t, 3)
 	before := counter(t, "tally_aggregator_parent_view_barriers_total", "proved")
 	breaker.Set(true)
 	t.Cleanup(func() { breaker.Set(false) })

@@ -8,21 +8,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"tally.dev/tally/pkg/aggregate/count"
+	"tally.dev/tally/pkg/aggregate/count/counttest"
 	"tally.dev/tally/pkg/config"
 )
-
-// cachedPod is a pod as the cache shows it.
-func cachedPod(uid types.UID, phase corev1.PodPhase, tracking, intent, deleting bool) *count.Pod {
-	p := &count.Pod{Meta: count.Meta{Name: string(uid), Namespace: "ns", UID: uid}, Phase: phase, Tracking: tracking, Intent: intent}
-	if deleting {
-		p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
-	}
-	return p
-}
 
 func none(types.UID) bool { return false }
 
@@ -35,22 +26,14 @@ func asked(pods map[types.UID]LivePod) Live {
 	return l
 }
 
-func names(pods []*count.Pod) []types.UID {
-	var out []types.UID
-	for _, p := range pods {
-		out = append(out, p.UID)
-	}
-	return out
-}
-
 func TestAdvance(t *testing.T) {
-	running := cachedPod("run", corev1.PodRunning, true, false, false)
-	untracked := cachedPod("new", corev1.PodRunning, false, false, false)
-	failed := cachedPod("fail", corev1.PodFailed, true, false, false)
-	done := cachedPod("done", corev1.PodSucceeded, true, true, false)
-	deleting := cachedPod("del", corev1.PodRunning, true, false, true)
-	deletingIntent := cachedPod("deli", corev1.PodPending, true, true, true)
-	gone := cachedPod("gone", corev1.PodSucceeded, false, false, false)
+	running := counttest.Pod("run", corev1.PodRunning, true, false, false)
+	untracked := counttest.Pod("new", corev1.PodRunning, false, false, false)
+	failed := counttest.Pod("fail", corev1.PodFailed, true, false, false)
+	done := counttest.Pod("done", corev1.PodSucceeded, true, true, false)
+	deleting := counttest.Pod("del", corev1.PodRunning, true, false, true)
+	deletingIntent := counttest.Pod("deli", corev1.PodPending, true, true, true)
+	gone := counttest.Pod("gone", corev1.PodSucceeded, false, false, false)
 	released := func(uid types.UID) bool { return uid == "fail" }
 
 	tests := []struct {
@@ -149,10 +132,10 @@ func TestAdvance(t *testing.T) {
 			}
 			got := Advance(tc.pods, tc.book, tc.released, tc.live)
 			assert.Equal(t, tc.want.Unlisted, got.Unlisted, "unlisted")
-			assert.ElementsMatch(t, names(tc.want.Confirm), names(got.Confirm), "confirm")
+			assert.ElementsMatch(t, counttest.UIDs(tc.want.Confirm), counttest.UIDs(got.Confirm), "confirm")
 			assert.True(t, tc.want.Book.Equal(&got.Book), "book: got %+v, want %+v", got.Book, tc.want.Book)
-			assert.ElementsMatch(t, names(tc.want.Release), names(got.Release), "release")
-			assert.ElementsMatch(t, names(tc.want.Track), names(got.Track), "track")
+			assert.ElementsMatch(t, counttest.UIDs(tc.want.Release), counttest.UIDs(got.Release), "release")
+			assert.ElementsMatch(t, counttest.UIDs(tc.want.Track), counttest.UIDs(got.Track), "track")
 		})
 	}
 }
@@ -164,7 +147,7 @@ func TestAdvanceBoundsTheLedger(t *testing.T) {
 	live := Live{Pods: map[types.UID]LivePod{}, All: true}
 	for i := range MaxLedger + 20 {
 		uid := types.UID(fmt.Sprintf("p%04d", i))
-		pods = append(pods, cachedPod(uid, corev1.PodFailed, true, false, false))
+		pods = append(pods, counttest.Pod(uid, corev1.PodFailed, true, false, false))
 		live.Pods[uid] = LivePod{Tracking: true}
 	}
 	book := Book{Unexpected: []types.UID{"old"}}
@@ -212,7 +195,7 @@ func TestAdvanceCountsOnce(t *testing.T) {
 						}
 						var pods []*count.Pod
 						if cache.exists {
-							pods = []*count.Pod{cachedPod("p", corev1.PodFailed, cache.tracking, false, false)}
+							pods = []*count.Pod{counttest.Pod("p", corev1.PodFailed, cache.tracking, false, false)}
 						}
 						released := func(u types.UID) bool { return remembered[u] }
 						step := Advance(pods, book, released, Live{})

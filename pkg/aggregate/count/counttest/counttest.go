@@ -1,4 +1,6 @@
-package aggregate
+// Package counttest builds pods as the aggregator's cache shows them, for
+// tests.
+package counttest
 
 import (
 	"time"
@@ -10,8 +12,10 @@ import (
 	"tally.dev/tally/pkg/aggregate/count"
 )
 
-// cachedPod is a pod as the cache shows it.
-func cachedPod(uid types.UID, phase corev1.PodPhase, tracking, intent, deleting bool) *count.Pod {
+// Pod returns a cached pod named uid in namespace "ns", with the phase,
+// the tracking finalizer and an intent as given, being deleted when
+// deleting.
+func Pod(uid types.UID, phase corev1.PodPhase, tracking, intent, deleting bool) *count.Pod {
 	p := &count.Pod{Meta: count.Meta{Name: string(uid), Namespace: "ns", UID: uid}, Phase: phase, Tracking: tracking, Intent: intent}
 	if deleting {
 		p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
@@ -19,8 +23,8 @@ func cachedPod(uid types.UID, phase corev1.PodPhase, tracking, intent, deleting 
 	return p
 }
 
-// names returns the UIDs of pods.
-func names(pods []*count.Pod) []types.UID {
+// UIDs returns the UIDs of pods, in order; nil for none.
+func UIDs(pods []*count.Pod) []types.UID {
 	var out []types.UID
 	for _, p := range pods {
 		out = append(out, p.UID)
