@@ -76,8 +76,10 @@ func parentOf(pod *count.Pod) types.NamespacedName {
 // when no reconcile would record them.
 func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*count.Pod) map[types.NamespacedName]graceOf {
 	out := map[types.NamespacedName]graceOf{}
-	// One budget for the pass's cache reads: a kind whose informer has not
-	// synced is read no longer than that, and its pods' grace waits.
+	// One budget for the pass's parent reads (from the cache, or from the
+	// API server while the kind's view is not known fresh): a kind whose
+	// informer has not synced is read no longer than that, and its pods'
+	// grace waits.
 	readCtx, cancel := context.WithTimeout(ctx, parentReadWait)
 	defer cancel()
 	for _, pod := range held {
@@ -92,8 +94,10 @@ func (u *Unrecorded) graceRuns(ctx context.Context, p config.Parent, held []*cou
 	return out
 }
 
-// parentGone reports whether the cache shows that the parent of kind p
-// named key with UID uid does not exist (none, or another under its name).
+// parentGone reports whether the parents' view (the kind's cache, or the
+// API server while the cache is not known fresh) shows that the parent of
+// kind p named key with UID uid does not exist (none, or another under its
+// name).
 func (u *Unrecorded) parentGone(ctx context.Context, p config.Parent, key types.NamespacedName, uid types.UID) bool {
 	if ctx.Err() != nil {
 		return false

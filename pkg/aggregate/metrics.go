@@ -34,7 +34,7 @@ var (
 	}, []string{"kind"})
 	parentLiveReads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_parent_live_reads_total",
-		Help: "Parents read from the API server because the parent cache was not known fresh (a doubt about the kind's view not yet cleared by its barrier) or showed a version older than this replica's last write, by parent kind.",
+		Help: "Reads of parents (a Get, or a List of a namespace's parents) sent to the API server instead of the kind's cache, by parent kind: any read while the kind's view is not known fresh (a doubt about it not yet cleared), and a reconcile's when the cache shows a version older than this replica's last write.",
 	}, []string{"kind"})
 	appliesFenced = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_applies_fenced_total",

@@ -28,7 +28,8 @@ func (r *Reconciler) self(_ context.Context, obj client.Object) []reconcile.Requ
 	return r.pendingRequest(client.ObjectKeyFromObject(obj))
 }
 
-// parentsIn maps a namespace to the cached parents of this kind in it. The
+// parentsIn maps a namespace to the parents of this kind in it (cached, or
+// read from the API server while the kind's view is not known fresh). The
 // read is bounded as Unrecorded's are: a kind whose cache has not synced
 // would otherwise hold this handler, and its later events, until it does.
 func (r *Reconciler) parentsIn(ctx context.Context, obj client.Object) []reconcile.Request {

@@ -245,9 +245,10 @@ func (u *Unrecorded) releaseAll(ctx context.Context, p config.Parent, pods []*co
 	for _, pod := range pods {
 		byParent[parentOf(pod)] = append(byParent[parentOf(pod)], pod)
 	}
-	// The cache blocks a read of a kind whose informer has not synced (its
-	// list or watch forbidden, its resource changed): each read is
-	// bounded, and once one timed out the kind's other parents are not
+	// A read of a kind whose informer has not synced (its list or watch
+	// forbidden, its resource changed) blocks, from the cache, or waits,
+	// from the API server while the kind's view is not known fresh: each
+	// read is bounded, and once one timed out the kind's other parents are not
 	// read from the cache in this pass, so that such a kind cannot stall
 	// the releases of every kind. A parent not read gets no Event; its pods
 	// are released all the same.

@@ -24,7 +24,7 @@ var (
 
 	parentBarriers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_parent_view_barriers_total",
-		Help: "Barriers run after a doubt about a parent kind's view, by kind and result (as tally_aggregator_pod_view_barriers_total). Until one proves the view fresh, the kind's parents are read from the API server.",
+		Help: "Barriers run after a doubt about a parent kind's view, by kind and result (as tally_aggregator_pod_view_barriers_total). While the view is not known fresh (until a barrier proves it, or the cache reaches the version a barrier read first), the kind's parents are read from the API server.",
 	}, []string{"kind", "result"})
 	parentBarrierSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "tally_aggregator_parent_view_barrier_seconds",

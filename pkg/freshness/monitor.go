@@ -274,7 +274,11 @@ func (m *Monitor) check() bool {
 	}
 	m.mu.Unlock()
 	if fresh && loud {
-		m.log.Info(m.opts.name()+" watch delivering again", "staleFor", staleFor.Round(time.Millisecond).String())
+		if m.opts.Kind == "" {
+			m.log.Info("Pod watch delivering again", "staleFor", staleFor.Round(time.Millisecond).String())
+		} else {
+			m.log.Info("Parent watch delivering again", "kind", m.opts.Kind, "staleFor", staleFor.Round(time.Millisecond).String())
+		}
 	}
 	return fresh
 }

@@ -739,10 +739,10 @@ func TestAParentCacheBehindIsReadLive(t *testing.T) {
 // status.completing to 99, which the cache cannot show; a pod change that
 // moves no count has the pool reconciled. The pool is read from the API
 // server, since its view is not known fresh, and the count written again
-// at once, not when the watch comes back.
+// at once, not when the watch comes back. Once it is repaired, the pool is
+// read from its cache again.
 func TestAStaleParentViewIsReadLive(t *testing.T) {
 	ns, pods, breaker := runBehindAParentBreaker(t, 3)
-	before := counter(t, "tally_aggregator_parent_view_barriers_total", "proved")
 	breaker.Set(true)
 	t.Cleanup(func() { breaker.Set(false) })
 	overwrite(t, ns)
@@ -752,7 +752,18 @@ func TestAStaleParentViewIsReadLive(t *testing.T) {
 	require.Eventually(t, func() bool { return completing(t, ns) == 0 }, 10*time.Second, 50*time.Millisecond,
 		"the other writer's 99 stands while the pool's watch is broken: the pool was read from its stale cache, which shows the 0 already written")
 	breaker.Set(false)
+	// Fresh again: a reconcile reads the pool from its cache.
+	touches := 0
 	require.Eventually(t, func() bool {
-		return counter(t, "tally_aggregator_parent_view_barriers_total", "proved") > before
-	}, 30*time.Second, 50*time.Millisecond, "no barrier proved the pool's view fresh again once its watch was repaired")
+		reconciled, readLive := counter(t, "tally_aggregator_reconciles_total"), counter(t, "tally_aggregator_parent_live_reads_total")
+		touches++
+		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"labels":{"touched":"%d"}}}`, touches))
+		require.NoError(t, env.Client.Patch(context.Background(), pods[1].DeepCopy(), patch))
+		for deadline := time.Now().Add(5 * time.Second); counter(t, "tally_aggregator_reconciles_total") <= reconciled; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return false
+			}
+		}
+		return counter(t, "tally_aggregator_parent_live_reads_total") == readLive
+	}, 30*time.Second, 200*time.Millisecond, "the pool still read from the API server once its watch was repaired")
 }
