@@ -112,6 +112,11 @@ type Monitor struct {
 	progress  time.Duration
 	// metrics are the view's barrier metrics.
 	metrics meters
+	// relist is set while a relist is under way: from its request until
+	// the informer's synced version moves from relistFrom (the reflector
+	// sets it once the list is in its store).
+	relist     bool
+	relistFrom string
 }
 
 // barrierState is what a barrier established for one generation of doubt.
@@ -150,7 +155,7 @@ func (m *Monitor) now() time.Duration { return time.Since(m.started) }
 // start: its first list is a doubt like any other.
 func (m *Monitor) Attach(inf Informer) {
 	m.mu.Lock()
-	m.informer = inf
+	m.informer, m.relist = inf, false
 	m.mu.Unlock()
 	m.doubt("the informer starts", false)
 }
@@ -179,6 +184,46 @@ func (m *Monitor) doubt(reason string, loud bool) {
 	m.poke()
 }
 
+// relisting records that the informer sent a relist: a doubt, and a doubt
+// again once the relist is in the informer's store (delivered). The list
+// is the API server's state when it began, however long it took to read:
+// a version read before it was delivered proves nothing of what changed
+// meanwhile.
+func (m *Monitor) relisting() {
+	m.mu.Lock()
+	inf := m.informer
+	m.mu.Unlock()
+	from := ""
+	if inf != nil {
+		from = inf.LastSyncResourceVersion()
+	}
+	m.mu.Lock()
+	m.relist, m.relistFrom = true, from
+	m.mu.Unlock()
+	m.doubt("a relist", false)
+}
+
+// relisted raises the second doubt of a relist once the informer's synced
+// version moved from the one it had when the relist began: the relist is
+// in its store. Read before any decision on the view (Fresh, Epoch), so
+// that a count taken from the relist is never written under the doubt
+// before it.
+func (m *Monitor) relisted() {
+	m.mu.Lock()
+	inf, pending, from := m.informer, m.relist, m.relistFrom
+	m.mu.Unlock()
+	if !pending || inf == nil || inf.LastSyncResourceVersion() == from {
+		return
+	}
+	m.mu.Lock()
+	delivered := m.relist && m.relistFrom == from
+	m.relist = false
+	m.mu.Unlock()
+	if delivered {
+		m.doubt("a relist was delivered", false)
+	}
+}
+
 // poke wakes the barrier loop.
 func (m *Monitor) poke() {
 	select {
@@ -191,6 +236,7 @@ func (m *Monitor) poke() {
 // last delivered a version read after the doubts before it, and the
 // process has not just come back from a pause its clock has not seen yet.
 func (m *Monitor) Fresh() bool {
+	m.relisted()
 	if m.paused() {
 		return false
 	}
@@ -200,6 +246,7 @@ func (m *Monitor) Fresh() bool {
 // Epoch returns the generation of doubt: counts taken while it returns one
 // value were taken from one unbroken view.
 func (m *Monitor) Epoch() uint64 {
+	m.relisted()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.gen

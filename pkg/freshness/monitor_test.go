@@ -16,7 +16,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -489,61 +488,53 @@ func throttledOnce() func(http.ResponseWriter, *http.Request) {
 	}
 }
 
-// TestARelistsEndIsADoubt: a relist's list, or a watch-list's initial
-// events, is the API server's state when it began, however long it takes
-// to read: its end is a doubt as much as its start, so that a version read
-// before it proves nothing. The marker that ends a watch-list's initial
-// events counts however the reads split it.
-func TestARelistsEndIsADoubt(t *testing.T) {
+// TestARelistsDeliveryIsADoubt: a relist is a doubt when it is sent, and
+// again once the informer has it in its store (its synced version moved),
+// however long it took: its list is the API server's state when it began,
+// so a version read before it proves nothing. The pages of a list are one
+// relist, and what the informer delivers after it no doubt.
+func TestARelistsDeliveryIsADoubt(t *testing.T) {
 	api := &fakeAPI{read: "30", scripts: []script{{events: []string{"BOOKMARK 30"}, hold: true}}}
-	rest1, rest2 := make(chan struct{}), make(chan struct{})
-	api.informer = func(w http.ResponseWriter, r *http.Request) {
-		half := len(metav1.InitialEventsAnnotationKey) / 2
-		if r.URL.Query().Get("watch") == "true" {
-			_, _ = w.Write([]byte(`{"type":"ADDED","object":{}}` + "\n" + `{"type":"BOOKMARK","object":{"metadata":{"annotations":{"` + metav1.InitialEventsAnnotationKey[:half]))
-			w.(http.Flusher).Flush()
-			<-rest2
-			_, _ = w.Write([]byte(metav1.InitialEventsAnnotationKey[half:] + `":"true"}}}}` + "\n"))
-			w.(http.Flusher).Flush()
-			<-r.Context().Done()
-			return
-		}
-		_, _ = w.Write([]byte(`{"kind":"PodList","items":[`))
-		w.(http.Flusher).Flush()
-		<-rest1
-		_, _ = w.Write([]byte(`]}`))
+	api.informer = func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`{"kind":"PodList","items":[]}`))
 	}
-	m, _, cfg := started(t, api)
+	m, inf, cfg := started(t, api)
 	cfg = rest.CopyConfig(cfg)
 	m.Wrap(cfg)
 	client, err := rest.HTTPClientFor(cfg)
 	require.NoError(t, err)
-	for _, tc := range []struct {
-		name, query string
-		rest        chan struct{}
-	}{
-		{"a relist's list", "&limit=500", rest1},
-		{"a watch-list's initial events", "&watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", rest2},
+	get := func(query string) {
+		resp, err := client.Get(cfg.Host + "/api/v1/pods?labelSelector=" + selector + query)
+		require.NoError(t, err)
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	version := 40
+	for _, tc := range []struct{ name, first, next string }{
+		{"a list, in pages", "&limit=500", "&limit=500&continue=more"},
+		{"a watch-list", "&watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Eventually(t, m.Fresh, 3*time.Second, 10*time.Millisecond)
-			resp, err := client.Get(cfg.Host + "/api/v1/pods?labelSelector=" + selector + tc.query)
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			read := make(chan struct{})
-			go func() {
-				defer close(read)
-				_, _ = io.ReadAll(resp.Body)
-			}()
-			// The relist under way: the barrier proves the view fresh on
-			// the informer's old cache meanwhile.
+			before := m.Epoch()
+			get(tc.first)
+			if tc.next != "" {
+				get(tc.next)
+			}
+			// While the relist is under way, a barrier proves the old
+			// cache fresh.
 			require.Eventually(t, m.Fresh, 3*time.Second, 10*time.Millisecond)
-			epoch := m.Epoch()
-			close(tc.rest)
-			require.Eventually(t, func() bool { return m.Epoch() > epoch }, 3*time.Second, 10*time.Millisecond,
-				"the relist's end raised no doubt")
-			resp.Body.Close()
-			<-read
+			sent := m.Epoch()
+			if tc.next != "" {
+				assert.Equal(t, before+1, sent, "the relist's request: one doubt, its pages none")
+			}
+			version++
+			inf.set(fmt.Sprint(version), fmt.Sprint(version))
+			assert.Greater(t, m.Epoch(), sent, "the relist delivered raised no doubt")
+			delivered := m.Epoch()
+			version++
+			inf.set(fmt.Sprint(version), fmt.Sprint(version))
+			assert.Equal(t, delivered, m.Epoch(), "an event the informer delivered after the relist")
 		})
 	}
 }

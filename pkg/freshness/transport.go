@@ -1,12 +1,10 @@
 package freshness
 
 import (
-	"bytes"
 	"io"
 	"net/http"
 	"sync"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -25,9 +23,8 @@ func (m *Monitor) Wrap(cfg *rest.Config) {
 			watching := query.Get("watch") == "true"
 			// A relist: a first page of a LIST, or a watch-list stream (its
 			// initial events, then the initial-events-end bookmark).
-			watchList := watching && query.Get("sendInitialEvents") == "true"
-			if (!watching && query.Get("continue") == "") || watchList {
-				m.doubt("a relist", false)
+			if (!watching && query.Get("continue") == "") || (watching && query.Get("sendInitialEvents") == "true") {
+				m.relisting()
 			}
 			// Throttled while the last answer says so, not while a request
 			// sent again waits for its answer.
@@ -50,25 +47,11 @@ func (m *Monitor) Wrap(cfg *rest.Config) {
 				m.doubt(resp.Status, true)
 			default:
 				body := &observedBody{ReadCloser: resp.Body, read: m.progressed}
-				switch {
-				case watching:
+				if watching {
 					body.end = func() {
 						if req.Context().Err() == nil {
 							m.doubt("the watch ended", false)
 						}
-					}
-				default:
-					// A relist's list is the API server's state when it
-					// began, however long it took to read: a version
-					// read before it was delivered proves nothing of
-					// what changed meanwhile. Its end is a doubt too.
-					body.complete = func() { m.doubt("a relist's list was read", false) }
-				}
-				if watchList {
-					// So is the end of a watch-list's initial events, the
-					// same snapshot streamed.
-					body.marker, body.complete = []byte(metav1.InitialEventsAnnotationKey), func() {
-						m.doubt("a relist's initial events were read", false)
 					}
 				}
 				resp.Body = body
@@ -94,19 +77,12 @@ func (m *Monitor) setThrottled(on bool) {
 	m.mu.Unlock()
 }
 
-// observedBody calls read for each read that returned bytes, end (when
-// set) once when the stream ends, by error or close, and complete (when
-// set) once it has been read: to its end, or, with marker, up to the first
-// occurrence of marker.
+// observedBody calls read for each read that returned bytes, and end (when
+// set) once when the stream ends, by error or close.
 type observedBody struct {
 	io.ReadCloser
-	read     func()
-	end      func()
-	complete func()
-	marker   []byte
-	// tail holds the last len(marker)-1 bytes read, for a marker split
-	// between two reads.
-	tail []byte
+	read func()
+	end  func()
 	once sync.Once
 }
 
@@ -114,37 +90,11 @@ func (b *observedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
 		b.read()
-		if b.marker != nil && b.complete != nil && b.sawMarker(p[:n]) {
-			b.complete()
-			b.complete = nil
-		}
-	}
-	if err == io.EOF && b.marker == nil && b.complete != nil {
-		b.complete()
-		b.complete = nil
 	}
 	if err != nil {
 		b.ended()
 	}
 	return n, err
-}
-
-// sawMarker reports whether marker is in p, or began in the reads before
-// it.
-func (b *observedBody) sawMarker(p []byte) bool {
-	if bytes.Contains(p, b.marker) {
-		return true
-	}
-	k := len(b.marker) - 1
-	edge := append(b.tail, p[:min(len(p), k)]...)
-	if bytes.Contains(edge, b.marker) {
-		return true
-	}
-	if len(p) < k {
-		p = edge
-	}
-	b.tail = append(b.tail[:0], p[max(0, len(p)-k):]...)
-	return false
 }
 
 func (b *observedBody) Close() error {
