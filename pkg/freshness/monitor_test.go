@@ -194,6 +194,23 @@ func started(t *testing.T, api *fakeAPI) (*Monitor, *fakeInformer, *rest.Config)
 	return m, inf, cfg
 }
 
+// informersRequests returns a func that sends the informer's pod list or
+// watch (with query) through a copy of cfg that m observes, and reads its
+// answer, with that client and config.
+func informersRequests(t *testing.T, m *Monitor, cfg *rest.Config) (func(query string), *http.Client, *rest.Config) {
+	t.Helper()
+	cfg = rest.CopyConfig(cfg)
+	m.Wrap(cfg)
+	client, err := rest.HTTPClientFor(cfg)
+	require.NoError(t, err)
+	return func(query string) {
+		resp, err := client.Get(cfg.Host + "/api/v1/pods?labelSelector=" + selector + query)
+		require.NoError(t, err)
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}, client, cfg
+}
+
 // TestBarrier: after a doubt, the view is fresh once the cache holds every
 // event up to a version read after it, as the barrier's watch from the
 // cache's own version shows them.
@@ -322,16 +339,7 @@ func TestTheInformersRequestsAreDoubts(t *testing.T) {
 		_, _ = w.Write([]byte(`{"type":"BOOKMARK"}`))
 	}
 	m, _, cfg := started(t, api)
-	cfg = rest.CopyConfig(cfg)
-	m.Wrap(cfg)
-	client, err := rest.HTTPClientFor(cfg)
-	require.NoError(t, err)
-	get := func(query string) {
-		resp, err := client.Get(cfg.Host + "/api/v1/pods?labelSelector=" + selector + query)
-		require.NoError(t, err)
-		_, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-	}
+	get, client, cfg := informersRequests(t, m, cfg)
 	for _, tc := range []struct {
 		name      string
 		query     string
@@ -499,16 +507,7 @@ func TestARelistsDeliveryIsADoubt(t *testing.T) {
 		_, _ = w.Write([]byte(`{"kind":"PodList","items":[]}`))
 	}
 	m, inf, cfg := started(t, api)
-	cfg = rest.CopyConfig(cfg)
-	m.Wrap(cfg)
-	client, err := rest.HTTPClientFor(cfg)
-	require.NoError(t, err)
-	get := func(query string) {
-		resp, err := client.Get(cfg.Host + "/api/v1/pods?labelSelector=" + selector + query)
-		require.NoError(t, err)
-		_, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-	}
+	get, _, _ := informersRequests(t, m, cfg)
 	version := 40
 	for _, tc := range []struct{ name, first, next string }{
 		{"a list, in pages", "&limit=500", "&limit=500&continue=more"},
