@@ -113,10 +113,22 @@ type Monitor struct {
 	// metrics are the view's barrier metrics.
 	metrics meters
 	// relist is set while a relist is under way: from its request until
-	// the informer's synced version moves from relistFrom (the reflector
-	// sets it once the list is in its store).
+	// the informer's versions move from relistFrom (the reflector puts the
+	// list in its store, then sets its synced version).
 	relist     bool
-	relistFrom string
+	relistFrom versions
+}
+
+// versions are what an informer says it synced and its indexer holds.
+type versions struct{ synced, stored string }
+
+// versionsOf returns inf's versions; none when nil. Read apart from m.mu:
+// the informer takes its own locks.
+func versionsOf(inf Informer) versions {
+	if inf == nil {
+		return versions{}
+	}
+	return versions{inf.LastSyncResourceVersion(), inf.GetIndexer().LastStoreSyncResourceVersion()}
 }
 
 // barrierState is what a barrier established for one generation of doubt.
@@ -193,31 +205,38 @@ func (m *Monitor) relisting() {
 	m.mu.Lock()
 	inf := m.informer
 	m.mu.Unlock()
-	from := ""
-	if inf != nil {
-		from = inf.LastSyncResourceVersion()
-	}
+	from := versionsOf(inf)
 	m.mu.Lock()
 	m.relist, m.relistFrom = true, from
 	m.mu.Unlock()
 	m.doubt("a relist", false)
 }
 
-// relisted raises the second doubt of a relist once the informer's synced
-// version moved from the one it had when the relist began: the relist is
-// in its store. Read before any decision on the view (Fresh, Epoch), so
-// that a count taken from the relist is never written under the doubt
-// before it.
+// relisted raises the second doubt of a relist once either of the
+// informer's versions moved from what it was when the relist began: the
+// relist is in its store (which the indexer's version shows first, the
+// reflector's synced one right after). No watch runs during a relist, so
+// nothing else moves them. Read before any decision on the view (Fresh,
+// Epoch), so that a count taken from the relist is never written under the
+// doubt before it. A relist that brings the very versions the informer had
+// raises its second doubt with the next change instead, a barrier more.
 func (m *Monitor) relisted() {
 	m.mu.Lock()
 	inf, pending, from := m.informer, m.relist, m.relistFrom
 	m.mu.Unlock()
-	if !pending || inf == nil || inf.LastSyncResourceVersion() == from {
+	if !pending || inf == nil {
+		return
+	}
+	now := versionsOf(inf)
+	if now.synced == from.synced && (now.stored == "" || now.stored == from.stored) {
 		return
 	}
 	m.mu.Lock()
+	// Unless another relist began meanwhile, whose doubt is its own.
 	delivered := m.relist && m.relistFrom == from
-	m.relist = false
+	if delivered {
+		m.relist = false
+	}
 	m.mu.Unlock()
 	if delivered {
 		m.doubt("a relist was delivered", false)
