@@ -187,13 +187,20 @@ func (m *Monitor) doubt(reason string, loud bool) {
 	}
 	m.mu.Unlock()
 	if logIt {
-		if m.opts.Kind == "" {
-			m.log.Info("Pod watch interrupted: counts may be stale until it recovers", "reason", reason)
-		} else {
-			m.log.Info("Parent watch interrupted: its parents are read from the API server until it recovers", "kind", m.opts.Kind, "reason", reason)
-		}
+		m.logWatch("interrupted: counts may be stale until it recovers", "interrupted: its parents are read from the API server until it recovers", "reason", reason)
 	}
 	m.poke()
+}
+
+// logWatch logs what happened to the view's watch: "Pod watch " and pod
+// for the pod view, "Parent watch " and parent, with the kind, for a parent
+// kind's.
+func (m *Monitor) logWatch(pod, parent string, kv ...any) {
+	if m.opts.Kind == "" {
+		m.log.Info("Pod watch "+pod, kv...)
+		return
+	}
+	m.log.Info("Parent watch "+parent, append([]any{"kind", m.opts.Kind}, kv...)...)
 }
 
 // relisting records that the informer sent a relist: a doubt, and a doubt
@@ -340,11 +347,7 @@ func (m *Monitor) check() bool {
 	}
 	m.mu.Unlock()
 	if fresh && loud {
-		if m.opts.Kind == "" {
-			m.log.Info("Pod watch delivering again", "staleFor", staleFor.Round(time.Millisecond).String())
-		} else {
-			m.log.Info("Parent watch delivering again", "kind", m.opts.Kind, "staleFor", staleFor.Round(time.Millisecond).String())
-		}
+		m.logWatch("delivering again", "delivering again", "staleFor", staleFor.Round(time.Millisecond).String())
 	}
 	return fresh
 }
