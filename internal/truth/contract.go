@@ -34,10 +34,13 @@ func PodOf(pod *corev1.Pod) *Pod {
 // Contract is the pod metadata contract of the SPEC (and docs/metadata.md),
 // written from them and not from the webhook's code: given the stored pod
 // (none on CREATE) and the pod a client asks for, the tally keys the
-// admitted pod must carry, or that the request is refused. verifyOwner is
-// off, and every kind with totals is served.
+// admitted pod must carry, or that the request is refused. Every kind with
+// totals is served.
 type Contract struct {
 	tracked, totals map[schema.GroupKind]bool
+	// Verified, when set (verifyOwner), says whether an owner exists as
+	// its reference names it.
+	Verified func(metav1.OwnerReference) bool
 }
 
 // NewContract returns the contract for the parent kinds of a configuration.
@@ -70,11 +73,13 @@ const (
 	create = "CREATE"
 	update = "UPDATE"
 
-	intentKey   = "tally.dev/completion-intent"
-	intentAtKey = "tally.dev/completion-intent-at"
-	intentByKey = "tally.dev/completion-intent-by"
-	trackingKey = "tally.dev/tracking"
-	unobserved  = "system:tally:unobserved"
+	parentUIDKey = "tally.dev/parent-uid"
+	parentKey    = "tally.dev/parent"
+	intentKey    = "tally.dev/completion-intent"
+	intentAtKey  = "tally.dev/completion-intent-at"
+	intentByKey  = "tally.dev/completion-intent-by"
+	trackingKey  = "tally.dev/tracking"
+	unobserved   = "system:tally:unobserved"
 	// reinvocationWindow: a stamp already on a request, by its requester,
 	// within this of now, is the webhook's own from an earlier invocation
 	// of the same request.
@@ -110,6 +115,14 @@ func (c Contract) owner(pod *Pod) (schema.GroupKind, metav1.OwnerReference, bool
 	return schema.GroupKind{}, metav1.OwnerReference{}, false
 }
 
+// identity is the tally.dev/parent value of a controller of kind.
+func identity(kind schema.GroupKind, ref metav1.OwnerReference) string {
+	if kind.Group == "" {
+		return ref.Kind + "/" + ref.Name
+	}
+	return ref.Kind + "." + kind.Group + "/" + ref.Name
+}
+
 // Stale reports whether the API server refuses an UPDATE as stale: the
 // request's resourceVersion, read as the API server reads it (a decimal
 // uint64; 0 or empty: an unconditional update), names another version than
@@ -134,60 +147,63 @@ func (c Contract) Admit(op string, stored, req *Pod, user string, now time.Time)
 		return Outcome{Conflict: true}
 	}
 	kind, ref, trackedNow := c.owner(req)
-	_, _, trackedBefore := c.owner(stored)
+	oldKind, oldRef, trackedBefore := c.owner(stored)
+	if trackedNow && c.Verified != nil && !c.Verified(ref) {
+		// verifyOwner: an owner not found is not tracked, unless the
+		// stored pod already carries its identity (checked before).
+		trackedNow = op == update && stored.Labels[parentUIDKey] == string(ref.UID) && stored.Annotations[parentKey] == identity(kind, ref)
+	}
 	var storedIntent, storedAt, storedBy string
-	var had, hadAt, hadBy bool
+	var had, hadAt, hadBy, stampedBefore bool
 	if stored != nil {
 		storedIntent, had = stored.Annotations[intentKey]
 		storedAt, hadAt = stored.Annotations[intentAtKey]
 		storedBy, hadBy = stored.Annotations[intentByKey]
+		// Stamped by tally: the stored pod carries the identity of its
+		// controller, of a tracked kind.
+		stampedBefore = trackedBefore && stored.Labels[parentUIDKey] == string(oldRef.UID) &&
+			stored.Annotations[parentKey] == identity(oldKind, oldRef)
 	}
 	reason, has := req.Annotations[intentKey]
-	// Sticky, whatever the owner before or after: an intent carried while
-	// tracked, or stamped by tally (-at), was admitted.
-	wasAdmitted := op == update && had && (trackedBefore || hadAt)
+	// Sticky, whatever the owner after: a valid intent stamped -at/-by on
+	// a pod tally stamped was admitted. Nothing else is proof of it.
+	wasAdmitted := op == update && had && reasonRule.MatchString(storedIntent) && hadAt && hadBy && stampedBefore
 	if wasAdmitted && (!has || reason != storedIntent) {
 		return Outcome{Denied: true}
 	}
 	finished := stored != nil && (stored.Phase == corev1.PodSucceeded || stored.Phase == corev1.PodFailed || stored.Deleting)
-	newlySet := has && !(had && storedIntent == reason)
-	if trackedNow && has && !wasAdmitted && !reasonRule.MatchString(reason) {
+	// carried: the request keeps an intent the stored pod carried
+	// unadmitted, which tally judges at first sight, refusing nothing.
+	carried := had && has && storedIntent == reason
+	if trackedNow && has && !wasAdmitted && !carried && !reasonRule.MatchString(reason) {
 		return Outcome{Denied: true}
 	}
 	// An intent not admitted before the pod finished is never admitted:
-	// neither one set now, nor one set while the pod was not tracked.
-	if trackedNow && has && !wasAdmitted && finished {
+	// one set now is refused, one carried from before tally saw it is
+	// removed, as is an invalid one.
+	if trackedNow && has && !wasAdmitted && !carried && finished {
 		return Outcome{Denied: true}
 	}
+	dropped := trackedNow && !wasAdmitted && carried && (finished || !reasonRule.MatchString(reason))
 
 	out := Outcome{Keys: map[string]string{}}
 	if trackedNow {
-		out.Keys["label:tally.dev/parent-uid"] = string(ref.UID)
+		out.Keys["label:"+parentUIDKey] = string(ref.UID)
 		if len(ref.Name) <= 63 && labelValue.MatchString(ref.Name) {
 			out.Keys["label:tally.dev/parent-name"] = ref.Name
 		}
-		id := ref.Kind + "/" + ref.Name
-		if kind.Group != "" {
-			id = ref.Kind + "." + kind.Group + "/" + ref.Name
-		}
-		out.Keys["annotation:tally.dev/parent"] = id
+		out.Keys["annotation:"+parentKey] = identity(kind, ref)
 	}
 	nowStamp := now.UTC().Format(time.RFC3339)
-	if has {
+	if has && !dropped {
 		out.Keys["annotation:"+intentKey] = reason
 		switch {
 		case wasAdmitted:
-			out.Keys["annotation:"+intentAtKey], out.Keys["annotation:"+intentByKey] = nowStamp, unobserved
-			if hadAt {
-				out.Keys["annotation:"+intentAtKey] = storedAt
-			}
-			if hadBy {
-				out.Keys["annotation:"+intentByKey] = storedBy
-			}
+			out.Keys["annotation:"+intentAtKey], out.Keys["annotation:"+intentByKey] = storedAt, storedBy
 		case trackedNow:
 			by := user
-			if !newlySet {
-				by = unobserved // set while not tracked: nobody seen setting it
+			if carried {
+				by = unobserved // set while tally did not see it: nobody seen setting it
 			}
 			at := nowStamp
 			if t, err := time.Parse(time.RFC3339, req.Annotations[intentAtKey]); err == nil && t.Location() == time.UTC &&

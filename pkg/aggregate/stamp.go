@@ -29,8 +29,24 @@ func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata, ke
 		s.seen++ // a cached pod; the unlabelled ones were seen by read
 	}
 	for attempt := 1; ; attempt++ {
-		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
-		d := s.rules.Decide(ctx, mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, Now: time.Now()})
+		var phase corev1.PodPhase
+		if _, marked := pod.Annotations[keys.CompletionIntent]; marked {
+			// An intent tally did not admit is judged now, and whether the
+			// pod had finished decides it: read the phase, at the version
+			// the patch is tested against.
+			full := &corev1.Pod{}
+			if err := s.reader.Get(ctx, client.ObjectKeyFromObject(pod), full); err != nil {
+				if apierrors.IsNotFound(err) && key != "" {
+					s.Unstamped.Forget(key, true)
+				} else if !apierrors.IsNotFound(err) {
+					s.report(pod, fmt.Sprintf("reading the pod: %v", err))
+				}
+				return
+			}
+			pod.ObjectMeta, phase = full.ObjectMeta, full.Status.Phase
+		}
+		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences, DeletionTimestamp: pod.DeletionTimestamp}
+		d := s.rules.Decide(ctx, mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, OldPhase: phase, Now: time.Now()})
 		switch {
 		case d.Denied != "":
 			s.report(pod, d.Denied)
@@ -42,6 +58,10 @@ func (s *sweep) stamp(ctx context.Context, pod *metav1.PartialObjectMetadata, ke
 			// Not stamped, as the webhook would not; identity keys a client
 			// set are still removed by the patch.
 			s.report(pod, d.Unverified)
+		}
+		if d.Dropped != "" {
+			s.log.Info("Removing a completion intent first seen on a pod: it is not admitted, and the pod's end counts as unexpected",
+				"pod", client.ObjectKeyFromObject(pod), "intent", pod.Annotations[keys.CompletionIntent], "reason", d.Dropped)
 		}
 		untrack := s.untrack(pod)
 		patch := append(d.Patch, untrack...)

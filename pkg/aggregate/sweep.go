@@ -131,13 +131,17 @@ func (s *sweep) scope(ctx context.Context) (func(string) bool, error) {
 // terminal phase.
 func (s *sweep) read(ctx context.Context) (map[string]*count.Pod, bool, error) {
 	found := map[string]*count.Pod{}
+	// marked holds the found pods that carry an intent: whether it counts
+	// depends on their phase too (an intent first seen on a finished pod
+	// is not admitted).
+	marked := map[string]*mutate.PodMeta{}
 	patches := false
 	err := eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
 		if !s.inScope(pod.Namespace) {
 			return nil
 		}
 		s.seen++
-		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
+		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences, DeletionTimestamp: pod.DeletionTimestamp}
 		d := s.rules.Decide(ctx, mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, Now: time.Now()})
 		patches = patches || len(d.Patch) > 0 || len(s.untrack(pod)) > 0 || d.Denied != "" || d.Unavailable != ""
 		if d.Denied != "" || d.Unavailable != "" || d.Parent.UID == "" {
@@ -151,7 +155,11 @@ func (s *sweep) read(ctx context.Context) (map[string]*count.Pod, bool, error) {
 			Unevaluated: true,
 		}
 		_, p.Intent = pod.Annotations[keys.CompletionIntent]
-		found[pod.Namespace+"/"+pod.Name] = p
+		key := pod.Namespace + "/" + pod.Name
+		found[key] = p
+		if p.Intent {
+			marked[key] = meta
+		}
 		return ctx.Err()
 	})
 	if err != nil || len(found) == 0 {
@@ -167,6 +175,11 @@ func (s *sweep) read(ctx context.Context) (map[string]*count.Pod, bool, error) {
 		if err != nil {
 			return nil, false, err
 		}
+	}
+	for key, meta := range marked {
+		p := found[key]
+		d := s.rules.Decide(ctx, mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, OldPhase: p.Phase, Now: time.Now()})
+		p.Intent = d.Dropped == ""
 	}
 	return found, patches, nil
 }

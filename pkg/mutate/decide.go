@@ -49,7 +49,9 @@ type Input struct {
 	// Old is the stored pod, on UPDATE.
 	Old *PodMeta
 	// OldPhase is the stored pod's phase, on UPDATE: with
-	// Old.DeletionTimestamp it tells whether the pod has finished.
+	// Old.DeletionTimestamp it tells whether the pod has finished. Whoever
+	// decides must pass it: an intent first seen on a finished pod is not
+	// admitted.
 	OldPhase corev1.PodPhase
 	// Now is the time at which the request is admitted.
 	Now time.Time
@@ -84,6 +86,10 @@ type Decision struct {
 	// applied: its controller owner of a tracked kind, verified when owners
 	// are. Zero when it carries none.
 	Parent identity.Parent
+	// Dropped, when not empty, says why an intent the stored pod carried
+	// unadmitted, judged now at first sight, is not admitted: Patch
+	// removes it, and the pod counts as having none.
+	Dropped string
 }
 
 // OwnerChecker confirms that an owner exists in a namespace with the
@@ -149,9 +155,15 @@ const UnobservedRequester = "system:tally:unobserved"
 // A pod whose controller is not of a tracked kind is refused only an update
 // that would remove or change an intent admitted before (admittedBefore):
 // that holds whatever the owner, so an owner change cannot launder an
-// intent. The only changes made to such a pod are the removal of identity
-// keys it must not carry, of -at/-by stamps a client wrote, and on CREATE
-// of the tracking finalizer.
+// intent (untracked).
+//
+// A stored pod that tally did not stamp is judged at first sight, the
+// same way whoever looks: the webhook on the first request it sees, the
+// aggregator's sweep with the stored pod as the request (Input.Old and Pod
+// the same, with its phase). An intent it carries is admitted now, stamped
+// as seen by no one (UnobservedRequester), unless it is invalid or the pod
+// had finished (firstSight): then it is removed. Stamps a client wrote are
+// overwritten or removed.
 //
 // Every request is decided on its content, against the stored pod, whatever
 // its resourceVersion: "0" and "" make an unconditional update of a pod, and
@@ -171,75 +183,51 @@ func (m *Mutator) Decide(ctx context.Context, in Input) Decision {
 }
 
 func (m *Mutator) decide(ctx context.Context, in Input) Decision {
+	var d Decision
 	owner, isTracked := trackedOwner(in.Pod, m.tracked)
 	admitted := m.admittedBefore(in)
+	if isTracked && m.checker != nil && !alreadyStamped(in, owner) {
+		ok, reason, err := m.checker.CheckOwner(ctx, in.Pod.Namespace, owner)
+		if err != nil {
+			return Decision{Unavailable: fmt.Sprintf("tally could not verify the owner %s of this pod (verifyOwner): %v; retry", owner, err)}
+		}
+		if !ok {
+			// Not tracked: no identity, no stamps, no intent rule.
+			isTracked = false
+			d.Unverified = reason
+			d.Warnings = append(d.Warnings, fmt.Sprintf("tally: pod not stamped with its parent's identity: %s", reason))
+		}
+	}
 	if !isTracked {
-		if !carriesTallyKeys(in.Pod) && !admitted && !clientTracking(in) {
-			return Decision{}
-		}
-		// An intent admitted before stays whatever the owner now: the
-		// request may not remove or change it, nor its stamps. Any other
-		// stamp is a client's, and an untracked pod carries no identity.
-		if admitted {
-			if denied := checkIntent(in, true); denied != "" {
-				return Decision{Denied: denied}
-			}
-		}
-		var d Decision
-		p := patcher{in: in, d: &d}
-		if in.Operation == Create {
-			p.noFinalizer(keys.TrackingFinalizer)
-		}
-		p.label(keys.ParentUID, "", false)
-		p.label(keys.ParentName, "", false)
-		p.annotation(keys.Parent, "", false)
-		var at, by string
-		if admitted {
-			at, by, _ = intentStamp(in, true)
-		}
-		p.annotation(keys.CompletionIntentAt, at, admitted)
-		p.annotation(keys.CompletionIntentBy, by, admitted)
-		return d
+		return untracked(in, admitted, d)
 	}
 
-	var d Decision
 	if denied := checkIntent(in, admitted); denied != "" {
 		return Decision{Denied: denied}
 	}
 	if late := checkFinished(in, admitted); late != "" {
 		return Decision{Denied: late, Late: true}
 	}
-
-	if m.checker != nil && !alreadyStamped(in, owner) {
-		ok, reason, err := m.checker.CheckOwner(ctx, in.Pod.Namespace, owner)
-		if err != nil {
-			return Decision{Unavailable: fmt.Sprintf("tally could not verify the owner %s of this pod (verifyOwner): %v; retry", owner, err)}
-		}
-		if !ok {
-			isTracked = false
-			d.Unverified = reason
-			d.Warnings = append(d.Warnings, fmt.Sprintf("tally: pod not stamped with its parent's identity: %s", reason))
-		}
-	}
-
-	var want wantKeys
-	if isTracked {
-		want = wantKeysOf(owner)
-		d.Parent = owner
-	}
+	d.Parent = owner
+	want := wantKeysOf(owner)
 	p := patcher{in: in, d: &d}
 	p.label(keys.ParentUID, want.uid, want.hasUID)
 	p.label(keys.ParentName, want.name, want.hasName)
 	p.annotation(keys.Parent, want.parent, want.hasParent)
 
-	at, by, hasIntentStamp := intentStamp(in, admitted)
+	if !admitted {
+		if d.Dropped = firstSight(in); d.Dropped != "" {
+			p.drop(keys.CompletionIntent, d.Dropped)
+		}
+	}
+	at, by, hasIntentStamp := intentStamp(in, admitted, d.Dropped != "")
 	p.annotation(keys.CompletionIntentAt, at, hasIntentStamp)
 	p.annotation(keys.CompletionIntentBy, by, hasIntentStamp)
 	if in.Operation == Create {
 		switch {
-		case isTracked && m.totals[owner.GroupKind] && (m.served == nil || m.served(owner.GroupKind)):
+		case m.totals[owner.GroupKind] && (m.served == nil || m.served(owner.GroupKind)):
 			p.finalizer(keys.TrackingFinalizer)
-		case isTracked && m.totals[owner.GroupKind]:
+		case m.totals[owner.GroupKind]:
 			// A kind with totals that the API server does not serve for
 			// them now: tally adds no finalizer, and the match conditions
 			// (which cannot tell) skip a pod stamped with one; the
@@ -249,6 +237,39 @@ func (m *Mutator) decide(ctx context.Context, in Input) Decision {
 			p.noFinalizer(keys.TrackingFinalizer)
 		}
 	}
+	return d
+}
+
+// untracked decides a request for a pod whose controller is not of a
+// tracked kind, or whose owner failed verification (d holds why). Such a
+// request is refused only when it would remove or change an intent admitted
+// before (admittedBefore: the stored pod was tracked, and tally stamped
+// it), so that detaching a pod cannot launder its intent; any other is
+// allowed. The only changes made are the removal of identity keys the pod
+// must not carry, of -at/-by stamps that stand for no admitted intent, and
+// on CREATE of the tracking finalizer.
+func untracked(in Input, admitted bool, d Decision) Decision {
+	if admitted {
+		if denied := checkIntent(in, true); denied != "" {
+			return Decision{Denied: denied}
+		}
+	}
+	if d.Unverified == "" && !carriesTallyKeys(in.Pod) && !admitted && !clientTracking(in) {
+		return d
+	}
+	p := patcher{in: in, d: &d}
+	if in.Operation == Create {
+		p.noFinalizer(keys.TrackingFinalizer)
+	}
+	p.label(keys.ParentUID, "", false)
+	p.label(keys.ParentName, "", false)
+	p.annotation(keys.Parent, "", false)
+	var at, by string
+	if admitted {
+		at, by, _ = intentStamp(in, true, false)
+	}
+	p.annotation(keys.CompletionIntentAt, at, admitted)
+	p.annotation(keys.CompletionIntentBy, by, admitted)
 	return d
 }
 
@@ -305,9 +326,13 @@ func carriesTallyKeys(pod *PodMeta) bool {
 // already carries for this owner, so that the owner need not be checked
 // again.
 func alreadyStamped(in Input, owner identity.Parent) bool {
-	return in.Operation == Update && in.Old != nil &&
-		in.Old.Labels[keys.ParentUID] == string(owner.UID) &&
-		in.Old.Annotations[keys.Parent] == owner.String()
+	return in.Operation == Update && in.Old != nil && stampedWith(in.Old, owner)
+}
+
+// stampedWith reports whether pod carries owner's identity, as tally stamps
+// it.
+func stampedWith(pod *PodMeta, owner identity.Parent) bool {
+	return pod.Labels[keys.ParentUID] == string(owner.UID) && pod.Annotations[keys.Parent] == owner.String()
 }
 
 // wantKeys holds the identity keys' values a pod must carry.
@@ -326,7 +351,9 @@ func wantKeysOf(p identity.Parent) wantKeys {
 }
 
 // checkIntent returns a denial message when the request changes or removes
-// an admitted intent (admittedBefore), or sets an invalid reason.
+// an admitted intent (admittedBefore), or sets an invalid reason. An intent
+// the stored pod carried unadmitted is judged at first sight (firstSight),
+// never refused.
 func checkIntent(in Input, admitted bool) string {
 	reason, has := in.Pod.Annotations[keys.CompletionIntent]
 	if admitted {
@@ -339,7 +366,7 @@ func checkIntent(in Input, admitted bool) string {
 		}
 		return ""
 	}
-	if !has {
+	if !has || carried(in) {
 		return ""
 	}
 	if err := intent.ValidReason(reason); err != nil {
@@ -348,75 +375,109 @@ func checkIntent(in Input, admitted bool) string {
 	return ""
 }
 
-// checkFinished returns a denial message when a tracked pod that has
-// finished would carry an intent not admitted before (admitted is
-// admittedBefore): one the request sets, or one the pod carried while it was
-// not tracked. An intent counts only when it is admitted before its pod
-// finishes, in the API server's order of events: the stored pod the request
-// is admitted against says whether it has, so a pod's total never depends
-// on when the aggregator looks, and no detour (detaching the pod, marking
-// it, attaching it again) admits one later.
+// checkFinished returns a denial message when a request sets an intent on
+// a tracked pod that has finished (admitted is admittedBefore). An intent
+// counts only when it is admitted before its pod finishes, in the API
+// server's order of events: the stored pod the request is admitted against
+// says whether it has, so a pod's total never depends on when the
+// aggregator looks. An intent the stored pod already carried is judged at
+// first sight instead (firstSight).
 func checkFinished(in Input, admitted bool) string {
-	if admitted || in.Old == nil || !intent.Finished(in.OldPhase, in.Old.DeletionTimestamp != nil) {
+	if admitted || in.Old == nil || !oldFinished(in) {
 		return ""
 	}
-	reason, has := in.Pod.Annotations[keys.CompletionIntent]
-	if !has {
+	if _, has := in.Pod.Annotations[keys.CompletionIntent]; !has || carried(in) {
 		return ""
 	}
-	how := fmt.Sprintf("phase %s", in.OldPhase)
-	if in.Old.DeletionTimestamp != nil {
-		how = "its deletion was requested"
-	}
-	if old, had := in.Old.Annotations[keys.CompletionIntent]; had && old == reason {
-		return fmt.Sprintf("annotation %s was set while this pod was not tracked, and the pod has finished (%s): an intent counts only when it is admitted before the pod finishes, so the pod cannot become tracked with it; remove the annotation, and its end is counted as unexpected", keys.CompletionIntent, how)
-	}
-	return fmt.Sprintf("annotation %s cannot be set on a pod that has finished (%s): an intent counts only when it is set before the pod finishes, and this pod's end is counted as unexpected", keys.CompletionIntent, how)
+	return fmt.Sprintf("annotation %s cannot be set on a pod that has finished (%s): an intent counts only when it is set before the pod finishes, and this pod's end is counted as unexpected", keys.CompletionIntent, howFinished(in))
 }
 
-// admittedBefore reports whether the stored pod carries an admitted intent:
-// one it carried while its controller was of a tracked kind (the webhook
-// admitted it then, or tally saw it there first), or one stamped with -at,
-// which only tally writes. Such an intent is sticky whatever the pod's
-// owner before or after the request.
+// firstSight judges an intent that the stored pod carried while tally did
+// not admit it (set before tally was installed, outside the webhook's
+// scope, while the pod's kind was not tracked, or during an outage under
+// failurePolicy Ignore) and that the request keeps: it returns why the
+// intent is not admitted, or "" when it is admitted now. An invalid reason
+// is not admitted, nor an intent on a pod that had already finished when
+// tally first saw it, whatever it was set before: tally did not see when.
+func firstSight(in Input) string {
+	reason, has := in.Pod.Annotations[keys.CompletionIntent]
+	if !has || !carried(in) {
+		return ""
+	}
+	if err := intent.ValidReason(reason); err != nil {
+		return err.Error()
+	}
+	if oldFinished(in) {
+		return fmt.Sprintf("the pod had finished (%s) when tally first saw the intent", howFinished(in))
+	}
+	return ""
+}
+
+// carried reports whether the request keeps the intent the stored pod
+// carries.
+func carried(in Input) bool {
+	if in.Old == nil {
+		return false
+	}
+	old, had := in.Old.Annotations[keys.CompletionIntent]
+	reason, has := in.Pod.Annotations[keys.CompletionIntent]
+	return had && has && old == reason
+}
+
+// oldFinished reports whether the stored pod had finished.
+func oldFinished(in Input) bool {
+	return in.Old != nil && intent.Finished(in.OldPhase, in.Old.DeletionTimestamp != nil)
+}
+
+// howFinished says how the stored pod finished.
+func howFinished(in Input) string {
+	if in.Old.DeletionTimestamp != nil {
+		return "its deletion was requested"
+	}
+	return fmt.Sprintf("phase %s", in.OldPhase)
+}
+
+// admittedBefore reports whether the stored pod carries an intent tally
+// admitted: a valid reason with its -at and -by stamps, on a pod that tally
+// stamped with the identity of its controller, of a tracked kind. Nothing
+// else is proof: a pod tally did not stamp may carry any stamps its clients
+// wrote while tally did not see it. Such an intent is sticky whatever the
+// pod's owner after the request.
 func (m *Mutator) admittedBefore(in Input) bool {
 	if in.Operation != Update || in.Old == nil {
 		return false
 	}
-	if _, had := in.Old.Annotations[keys.CompletionIntent]; !had {
+	reason, had := in.Old.Annotations[keys.CompletionIntent]
+	if !had || intent.ValidReason(reason) != nil {
 		return false
 	}
-	if _, stamped := in.Old.Annotations[keys.CompletionIntentAt]; stamped {
-		return true
+	if _, stamped := in.Old.Annotations[keys.CompletionIntentAt]; !stamped {
+		return false
 	}
-	_, tracked := trackedOwner(in.Old, m.tracked)
-	return tracked
+	if _, stamped := in.Old.Annotations[keys.CompletionIntentBy]; !stamped {
+		return false
+	}
+	owner, tracked := trackedOwner(in.Old, m.tracked)
+	return tracked && stampedWith(in.Old, owner)
 }
 
 // intentStamp returns the -at and -by values the pod must carry, and false
 // when it must carry neither. admitted says that the stored pod carries an
-// admitted intent (admittedBefore).
-func intentStamp(in Input, admitted bool) (at, by string, ok bool) {
-	if _, has := in.Pod.Annotations[keys.CompletionIntent]; !has {
+// admitted intent (admittedBefore), dropped that the request's intent is
+// not admitted at first sight.
+func intentStamp(in Input, admitted, dropped bool) (at, by string, ok bool) {
+	if _, has := in.Pod.Annotations[keys.CompletionIntent]; !has || dropped {
 		return "", "", false
 	}
 	if admitted {
-		// Keep what was stamped then. An intent the webhook never saw is
-		// stamped now, as first seen, by no one observed.
-		at, hasAt := in.Old.Annotations[keys.CompletionIntentAt]
-		by, hasBy := in.Old.Annotations[keys.CompletionIntentBy]
-		if !hasAt {
-			at = in.Now.UTC().Format(time.RFC3339)
-		}
-		if !hasBy {
-			by = UnobservedRequester
-		}
-		return at, by, true
+		// Keep what was stamped then.
+		return in.Old.Annotations[keys.CompletionIntentAt], in.Old.Annotations[keys.CompletionIntentBy], true
 	}
 	by = in.User
-	if in.Old != nil && in.Old.Annotations[keys.CompletionIntent] == in.Pod.Annotations[keys.CompletionIntent] {
-		// Set while the pod was not tracked, and admitted now that it is:
-		// nobody was observed setting it.
+	if carried(in) {
+		// Set while tally did not see the pod, and admitted now at first
+		// sight: nobody was observed setting it, and whatever stamps it
+		// carries are a client's.
 		by = UnobservedRequester
 	}
 	if at, ok := in.Pod.Annotations[keys.CompletionIntentAt]; ok && in.Pod.Annotations[keys.CompletionIntentBy] == by {

@@ -87,6 +87,7 @@ func TestDecide(t *testing.T) {
 		wantUnavailable string
 		// wantUnverified is the reason a tracked pod was not stamped.
 		wantUnverified string
+		wantDropped    string
 	}{
 		{
 			name: "create stamps identity from the controller ref",
@@ -232,8 +233,20 @@ func TestDecide(t *testing.T) {
 			wantDenied: `cannot be changed to "evicted"`,
 		},
 		{
-			name: "an admitted intent stays sticky on a pod no longer tracked (its -at is tally's)",
+			name: "a stored -at is no proof on a pod tally does not track: its intent may go",
 			op:   Update, old: withIntent(pod()), pod: pod(),
+			wantNoPatch: true,
+		},
+		{
+			name: "nor on an ownerless pod that keeps its intent: the client's stamps are removed",
+			op:   Update, old: withIntent(pod()), pod: withIntent(pod()).Label("app", "w"),
+			wantLabels: map[string]string{"app": "w"},
+			wantAnn:    map[string]string{keys.CompletionIntent: "scale-down"},
+			wantWarn:   []string{"annotation tally.dev/completion-intent-at removed", "annotation tally.dev/completion-intent-by removed"},
+		},
+		{
+			name: "an admitted intent stays sticky when the request detaches its pod",
+			op:   Update, old: withIntent(stamped()), pod: pod(),
 			wantDenied: "is sticky",
 		},
 		{
@@ -350,16 +363,65 @@ func TestDecide(t *testing.T) {
 				keys.CompletionIntentAt: stamp, keys.CompletionIntentBy: user},
 		},
 		{
-			name: "an intent set while the pod was not tracked is refused when the finished pod becomes tracked",
+			name: "an intent set while the pod was not tracked is removed when the finished pod becomes tracked",
 			op:   Update, old: pod().OwnedBy(pool, "pool-a", uid).Annotation(keys.CompletionIntent, "scale-down").Phase(corev1.PodFailed),
-			pod:        stamped().Annotation(keys.CompletionIntent, "scale-down").Phase(corev1.PodFailed),
-			wantDenied: "annotation tally.dev/completion-intent was set while this pod was not tracked, and the pod has finished (phase Failed)",
+			pod:         stamped().Annotation(keys.CompletionIntent, "scale-down").Phase(corev1.PodFailed),
+			wantLabels:  map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:     map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn:    []string{`annotation tally.dev/completion-intent="scale-down" removed: it was set while tally did not see this pod, and it is not admitted: the pod had finished (phase Failed) when tally first saw the intent`},
+			wantDropped: "the pod had finished (phase Failed) when tally first saw the intent",
 		},
 		{
 			name: "so is one set while the pod was not tracked when the pod being deleted becomes tracked",
 			op:   Update, old: pod().Annotation(keys.CompletionIntent, "drain").Deleting(now),
-			pod:        stamped().Annotation(keys.CompletionIntent, "drain").Deleting(now),
-			wantDenied: "has finished (its deletion was requested)",
+			pod:         stamped().Annotation(keys.CompletionIntent, "drain").Deleting(now),
+			wantLabels:  map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:     map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn:    []string{"(its deletion was requested)"},
+			wantDropped: "the pod had finished (its deletion was requested) when tally first saw the intent",
+		},
+		{
+			name: "first sight, as the sweep decides it: a late intent with forged stamps on a pod tally never stamped is removed",
+			op:   Update, old: withIntent(pod().ControlledBy(pool, "pool-a", uid)).Phase(corev1.PodFailed),
+			pod:        withIntent(pod().ControlledBy(pool, "pool-a", uid)).Phase(corev1.PodFailed),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn: []string{"had finished (phase Failed)",
+				"annotation tally.dev/completion-intent-at removed", "annotation tally.dev/completion-intent-by removed"},
+			wantDropped: "the pod had finished (phase Failed) when tally first saw the intent",
+		},
+		{
+			name: "first sight of a running pod: its intent is admitted now, the forged stamps overwritten",
+			op:   Update, old: withIntent(pod().ControlledBy(pool, "pool-a", uid)).Annotation(keys.CompletionIntentBy, "mallory"),
+			pod:        withIntent(pod().ControlledBy(pool, "pool-a", uid)).Annotation(keys.CompletionIntentBy, "mallory"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn: map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a", keys.CompletionIntent: "scale-down",
+				keys.CompletionIntentAt: stamp, keys.CompletionIntentBy: UnobservedRequester},
+			wantWarn: []string{"annotation tally.dev/completion-intent-at set back", "annotation tally.dev/completion-intent-by set back"},
+		},
+		{
+			name: "first sight of an invalid token, stamped or not: it is removed, never admitted",
+			op:   Update, old: stamped().Annotation(keys.CompletionIntent, "Not A Token").Annotation(keys.CompletionIntentAt, stamp).Annotation(keys.CompletionIntentBy, "mallory"),
+			pod:        stamped().Annotation(keys.CompletionIntent, "Not A Token").Annotation(keys.CompletionIntentAt, stamp).Annotation(keys.CompletionIntentBy, "mallory"),
+			wantLabels: map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:    map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn: []string{`"Not A Token" is not a valid reason`,
+				"annotation tally.dev/completion-intent-at removed", "annotation tally.dev/completion-intent-by removed"},
+			wantDropped: `"Not A Token" is not a valid reason: it must be 1 to 63 lowercase letters, digits or '-', starting and ending with a letter or digit (e.g. scale-down)`,
+		},
+		{
+			name: "an intent stamped under another controller is judged at first sight",
+			op:   Update, old: withIntent(pod().ControlledBy(pool, "pool-b", "other-uid").Label(keys.ParentUID, string(uid)).Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool-a")).Phase(corev1.PodSucceeded),
+			pod:         withIntent(stamped()).Phase(corev1.PodSucceeded),
+			wantLabels:  map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:     map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn:    []string{"had finished (phase Succeeded)", "completion-intent-at removed", "completion-intent-by removed"},
+			wantDropped: "the pod had finished (phase Succeeded) when tally first saw the intent",
+		},
+		{
+			name: "a late intent the request sets itself is refused, as ever",
+			op:   Update, old: stamped().Phase(corev1.PodFailed), pod: stamped().Annotation(keys.CompletionIntent, "scale-down").Phase(corev1.PodFailed),
+			wantDenied: "cannot be set on a pod that has finished (phase Failed)",
 		},
 		{
 			name: "an intent on an untracked pod that finished is allowed untouched",
@@ -382,6 +444,17 @@ func TestDecide(t *testing.T) {
 			op:   Create, pod: pod().ControlledBy(pool, "pool-a", uid), checker: fakeChecker{},
 			wantNoPatch:    true,
 			wantWarn:       []string{"pod not stamped with its parent's identity: WorkerPool.example.tally.dev/pool-a with UID " + string(uid) + " not found in namespace ns"},
+			wantUnverified: "WorkerPool.example.tally.dev/pool-a with UID " + string(uid) + " not found in namespace ns",
+		},
+		{
+			name: "verifyOwner: a pod whose owner fails it gets no stamps and no intent rule",
+			op:   Update, old: withIntent(pod().ControlledBy(pool, "pool-a", uid)),
+			pod:        pod().ControlledBy(pool, "pool-a", uid).Annotation(keys.CompletionIntent, "Not A Token").Annotation(keys.CompletionIntentAt, stamp),
+			checker:    fakeChecker{},
+			wantLabels: map[string]string{},
+			wantAnn:    map[string]string{keys.CompletionIntent: "Not A Token"},
+			wantWarn: []string{"pod not stamped with its parent's identity",
+				"annotation tally.dev/completion-intent-at removed"},
 			wantUnverified: "WorkerPool.example.tally.dev/pool-a with UID " + string(uid) + " not found in namespace ns",
 		},
 		{
@@ -433,6 +506,7 @@ func TestDecide(t *testing.T) {
 			}
 			require.Empty(t, d.Denied)
 			assert.Equal(t, tc.wantUnverified, d.Unverified)
+			assert.Equal(t, tc.wantDropped, d.Dropped)
 			require.Len(t, d.Warnings, len(tc.wantWarn), "warnings: %q", d.Warnings)
 			for i, w := range tc.wantWarn {
 				assert.Contains(t, d.Warnings[i], w)
@@ -448,7 +522,9 @@ func TestDecide(t *testing.T) {
 			// Admitting the mutated pod again changes nothing (reinvocation).
 			again, _ := admit(t, m, tc.op, got, old)
 			assert.Empty(t, again.Patch, "second admission patched: %+v", again.Patch)
-			assert.Empty(t, again.Warnings)
+			if tc.wantUnverified == "" {
+				assert.Empty(t, again.Warnings)
+			}
 		})
 	}
 }

@@ -1,6 +1,7 @@
 package mutate
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"runtime"
@@ -42,6 +43,23 @@ func TestDecodeKeepsWhatTheDecisionReads(t *testing.T) {
 	assert.Equal(t, map[string]string{}, rev.Request.Object.Metadata.Annotations)
 	assert.NotNil(t, pod.DeletionTimestamp)
 	assert.Equal(t, "operator", rev.Request.UserInfo.Username)
+}
+
+// TestDecodeSkipsTheRequestedStatus: the API server drops a client's status
+// on a pod CREATE or UPDATE, so the requested pod's is neither decoded nor
+// charged; the stored pod's phase is.
+func TestDecodeSkipsTheRequestedStatus(t *testing.T) {
+	long := strings.Repeat("x", 2*DecodeAllowance)
+	body := fmt.Appendf(nil, `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","kind":{"group":"","version":"v1","kind":"Pod"},
+"namespace":"ns","operation":"UPDATE","userInfo":{"username":"operator"},
+"object":{"apiVersion":"v1","kind":"Pod","metadata":{},"status":{"phase":"%s"}},
+"oldObject":{"apiVersion":"v1","kind":"Pod","metadata":{},"status":{"phase":"Failed"}}}}`, long)
+	var rev review
+	require.NoError(t, decodeReview(body, &rev))
+	assert.Equal(t, "Failed", string(rev.Request.OldObject.Status.Phase))
+
+	stored := bytes.Replace(body, []byte(`"Failed"`), []byte(`"`+long+`"`), 1)
+	assert.ErrorIs(t, decodeReview(stored, &rev), errOverAllowance, "the stored pod's phase is charged")
 }
 
 // TestHostileBodiesAreBoundedByTheAllowance: bodies built to make decoding

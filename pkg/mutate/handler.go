@@ -132,11 +132,22 @@ type request struct {
 	UserInfo    struct {
 		Username string `json:"username"`
 	} `json:"userInfo"`
-	Object    *object `json:"object"`
-	OldObject *object `json:"oldObject"`
+	Object    *object       `json:"object"`
+	OldObject *storedObject `json:"oldObject"`
 }
 
+// object is the pod a request asks for. Its status is not decoded: the API
+// server drops a client's status on a pod CREATE or UPDATE, and the
+// decision reads the stored pod's.
 type object struct {
+	APIVersion string  `json:"apiVersion"`
+	Kind       string  `json:"kind"`
+	Metadata   PodMeta `json:"metadata"`
+}
+
+// storedObject is the stored pod, on UPDATE: its phase says whether it has
+// finished.
+type storedObject struct {
 	APIVersion string  `json:"apiVersion"`
 	Kind       string  `json:"kind"`
 	Metadata   PodMeta `json:"metadata"`
@@ -390,15 +401,18 @@ func checkObjects(req *request) error {
 	if req.Operation == Update && req.OldObject == nil {
 		return errors.New("request.oldObject is missing on UPDATE")
 	}
-	if err := checkPod("object", req.Object); err != nil {
+	if err := checkPod("object", req.Object.APIVersion, req.Object.Kind); err != nil {
 		return err
 	}
-	return checkPod("oldObject", req.OldObject)
+	if req.OldObject == nil {
+		return nil
+	}
+	return checkPod("oldObject", req.OldObject.APIVersion, req.OldObject.Kind)
 }
 
-func checkPod(name string, o *object) error {
-	if o != nil && o.Kind != "" && (o.Kind != "Pod" || o.APIVersion != "v1") {
-		return fmt.Errorf("request.%s is a %s %s, not a v1 Pod", name, o.APIVersion, o.Kind)
+func checkPod(name, apiVersion, kind string) error {
+	if kind != "" && (kind != "Pod" || apiVersion != "v1") {
+		return fmt.Errorf("request.%s is a %s %s, not a v1 Pod", name, apiVersion, kind)
 	}
 	return nil
 }

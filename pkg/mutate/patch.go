@@ -73,6 +73,14 @@ func (p *patcher) noFinalizer(f string) {
 	}
 }
 
+// drop removes the annotation key, which the request carries, with a
+// warning saying why it is not admitted.
+func (p *patcher) drop(key, why string) {
+	p.d.Patch = append(p.d.Patch, PatchOp{Op: "remove", Path: keyPath("annotations", key)})
+	p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: annotation %s=%q removed: it was set while tally did not see this pod, and it is not admitted: %s; the pod's end counts as unexpected",
+		key, p.in.Pod.Annotations[key], why))
+}
+
 func oldMap(old *PodMeta, labels bool) map[string]string {
 	switch {
 	case old == nil:

@@ -240,11 +240,15 @@ func TestOutageUnderIgnore(t *testing.T) {
 	stamps(t, ns)
 	assert.Equal(t, int64(60), sum(listTruth(t, ns, uid)))
 	// Intents set while the webhook was down are recorded as first seen by
-	// the sweep, by no one observed.
+	// the sweep, by no one observed, on the pods running then; on a pod
+	// that had finished, the intent is not admitted.
 	got := &corev1.Pod{}
-	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "pool-010"}, got))
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "pool-013"}, got))
 	assert.Equal(t, mutate.UnobservedRequester, got.Annotations[keys.CompletionIntentBy])
 	assert.NotEmpty(t, got.Annotations[keys.CompletionIntentAt])
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "pool-010"}, got))
+	assert.Equal(t, corev1.PodSucceeded, got.Status.Phase)
+	assert.NotContains(t, got.Annotations, keys.CompletionIntent, "an intent first seen on a finished pod")
 }
 
 // TestOutageUnderFailAtStart: with failurePolicy Fail and the webhook down,

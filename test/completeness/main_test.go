@@ -81,6 +81,8 @@ type webhook struct {
 	ca      *devcert.CA
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// parents are the kinds it tracks: workerPools unless set.
+	parents []config.Parent
 }
 
 func newWebhook(t *testing.T) *webhook {
@@ -103,7 +105,11 @@ func (w *webhook) start(t *testing.T) {
 	w.cancel, w.done = cancel, make(chan struct{})
 	go func() {
 		defer close(w.done)
-		err := webhookapp.Run(ctx, &config.Config{Parents: workerPools}, env.Config,
+		parents := w.parents
+		if parents == nil {
+			parents = workerPools
+		}
+		err := webhookapp.Run(ctx, &config.Config{Parents: parents}, env.Config,
 			webhookapp.Options{Host: "127.0.0.1", Port: w.port, CertDir: w.certDir, MetricsAddr: "0", ProbeAddr: "0"})
 		if err != nil && ctx.Err() == nil {
 			t.Errorf("webhook stopped: %v", err)

@@ -667,8 +667,10 @@ func TestReinvocationAfterAnotherWebhookIsSkipped(t *testing.T) {
 }
 
 // TestOwnerChangeCannotLaunderAnIntent: through the real API server, with
-// the chart's match conditions in front of the webhook, an owner change
-// neither drops an admitted intent nor keeps stamps a client forged.
+// the chart's match conditions in front of the webhook, the request that
+// changes a pod's owner neither drops an admitted intent nor keeps stamps a
+// client forged; once detached, the pod is not tracked, and nothing about
+// it is refused.
 func TestOwnerChangeCannotLaunderAnIntent(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t, "")
@@ -703,28 +705,39 @@ func TestOwnerChangeCannotLaunderAnIntent(t *testing.T) {
 		assert.True(t, apierrors.IsForbidden(err), "%v", err)
 		assert.ErrorContains(t, err, "is sticky")
 
-		// In two: the controller first (allowed: the intent stays), then
-		// the intent.
+		// The controller alone: allowed, and the intent stays, as admitted.
 		orphan := stored("marked")
 		orphan.OwnerReferences = nil
 		require.NoError(t, env.Client.Update(ctx, orphan))
-		orphan = stored("marked")
-		delete(orphan.Annotations, keys.CompletionIntent)
-		err = env.Client.Update(ctx, orphan)
-		require.Error(t, err, "the intent was dropped once the controller was gone")
-		assert.ErrorContains(t, err, "is sticky")
-
-		// The controller back, with identity keys the client writes: the
-		// intent and the webhook's stamps are as admitted.
-		back := stored("marked")
-		back.OwnerReferences = builder.Pod(ns, "marked").ControlledBy(operator.GVK, "pool-a", uid).Build().OwnerReferences
-		back.Labels = map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"}
-		back.Annotations[keys.Parent] = parentOf("pool-a")
-		require.NoError(t, env.Client.Update(ctx, back))
 		got := stored("marked").Annotations
 		for _, k := range []string{keys.CompletionIntent, keys.CompletionIntentAt, keys.CompletionIntentBy} {
 			assert.Equal(t, admitted[k], got[k], k)
 		}
+
+		// The controller back: tally did not stamp the pod it sees now, so
+		// its intent is judged at first sight, and admitted as seen now by
+		// no one observed.
+		before := time.Now().Add(-time.Second).UTC().Truncate(time.Second)
+		back := stored("marked")
+		back.OwnerReferences = builder.Pod(ns, "marked").ControlledBy(operator.GVK, "pool-a", uid).Build().OwnerReferences
+		require.NoError(t, env.Client.Update(ctx, back))
+		got = stored("marked").Annotations
+		assert.Equal(t, "scale-down", got[keys.CompletionIntent])
+		at, err := time.Parse(time.RFC3339, got[keys.CompletionIntentAt])
+		require.NoError(t, err)
+		assert.False(t, at.Before(before), "the -at of a pod tally did not stamp stayed: %s", got[keys.CompletionIntentAt])
+		assert.Equal(t, mutate.UnobservedRequester, got[keys.CompletionIntentBy])
+
+		// Once detached, the pod is not tracked, and no request about it is
+		// refused: its intent may go.
+		orphan = stored("marked")
+		orphan.OwnerReferences = nil
+		require.NoError(t, env.Client.Update(ctx, orphan))
+		orphan = stored("marked")
+		delete(orphan.Annotations, keys.CompletionIntent)
+		require.NoError(t, env.Client.Update(ctx, orphan), "a request about a pod tally does not track")
+		got = stored("marked").Annotations
+		assert.NotContains(t, got, keys.CompletionIntentAt, "stamps without an intent are removed")
 	})
 
 	t.Run("forging the stamps", func(t *testing.T) {
@@ -821,7 +834,8 @@ func TestResourceVersionNeverExemptsARequest(t *testing.T) {
 
 // TestNoIntentAfterTheEndByADetour: a tracked pod that failed without an
 // intent cannot have one carried in by detaching it (controller: false),
-// marking it, and attaching it again: the pod stays unexpected.
+// marking it, and attaching it again: the intent is removed when the pod is
+// first seen again, and the pod stays unexpected.
 func TestNoIntentAfterTheEndByADetour(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t, "")
@@ -842,20 +856,18 @@ func TestNoIntentAfterTheEndByADetour(t *testing.T) {
 	detached := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"example.tally.dev/v1","kind":"WorkerPool","name":"pool-a","uid":%q,"controller":false}],"annotations":{%q:"scale-down"}}}`,
 		uid, keys.CompletionIntent)
 	require.NoError(t, mergePatch(detached), "an untracked pod is not blocked")
+	// Attached again, the pod is first seen with an intent after its end:
+	// not admitted, the intent is removed, and the pod counts as
+	// unexpected.
 	attached := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"example.tally.dev/v1","kind":"WorkerPool","name":"pool-a","uid":%q,"controller":true}]}}`, uid)
-	err = mergePatch(attached)
-	require.Error(t, err, "the finished pod became tracked with an intent set after its end")
-	assert.True(t, apierrors.IsForbidden(err), "%v", err)
-	assert.ErrorContains(t, err, "was set while this pod was not tracked")
-
-	// Without the intent, it is tracked again, and unexpected.
-	unmarked := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"example.tally.dev/v1","kind":"WorkerPool","name":"pool-a","uid":%q,"controller":true}],"annotations":{%q:null}}}`,
-		uid, keys.CompletionIntent)
-	require.NoError(t, mergePatch(unmarked))
+	require.NoError(t, mergePatch(attached))
 	got := &corev1.Pod{}
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "failed"}, got))
-	assert.NotContains(t, got.Annotations, keys.CompletionIntent)
+	assert.NotContains(t, got.Annotations, keys.CompletionIntent, "the finished pod became tracked with an intent set after its end")
 	assert.Equal(t, string(uid), got.Labels[keys.ParentUID], "tracked again: it counts as unexpected")
+	err = mergePatch(direct)
+	require.Error(t, err, "an intent set on the failed pod, tracked again")
+	assert.ErrorContains(t, err, "cannot be set on a pod that has finished")
 }
 
 // TestTrackingFinalizerOnCreateIsTallys: a client that creates a pod with

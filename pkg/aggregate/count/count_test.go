@@ -25,8 +25,10 @@ var reducer = func() *Reducer {
 	return r
 }()
 
+// member is a pod of the parent pool, stamped by tally.
 func member() *builder.PodBuilder {
-	return builder.Pod("ns", "p").ControlledBy(operator.GVK, "pool", uid).Label(keys.ParentUID, string(uid))
+	return builder.Pod("ns", "p").ControlledBy(operator.GVK, "pool", uid).
+		Label(keys.ParentUID, string(uid)).Label(keys.ParentName, "pool").Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool")
 }
 
 func terminating(b *builder.PodBuilder) *corev1.Pod {
@@ -35,8 +37,10 @@ func terminating(b *builder.PodBuilder) *corev1.Pod {
 	return p
 }
 
+// marked adds an intent tally admitted.
 func marked(b *builder.PodBuilder) *builder.PodBuilder {
-	return b.Annotation(keys.CompletionIntent, "scale-down")
+	return b.Annotation(keys.CompletionIntent, "scale-down").
+		Annotation(keys.CompletionIntentAt, "2026-12-06T10:00:00Z").Annotation(keys.CompletionIntentBy, "operator")
 }
 
 func TestTally(t *testing.T) {
@@ -57,6 +61,10 @@ func TestTally(t *testing.T) {
 		{"intent, succeeded: completed", marked(member()).Phase(corev1.PodSucceeded).Build(), Counts{Completed: 1}},
 		{"intent, failed: completed", marked(member()).Phase(corev1.PodFailed).Build(), Counts{Completed: 1}},
 		{"intent, succeeded and terminating: completed", terminating(marked(member()).Phase(corev1.PodSucceeded)), Counts{Completed: 1}},
+		{"intent tally never admitted, first seen on a failed pod: unexpected", member().Phase(corev1.PodFailed).Annotation(keys.CompletionIntent, "scale-down").
+			Annotation(keys.CompletionIntentAt, "2001-01-01T00:00:00Z").Build(), Counts{Unexpected: 1}},
+		{"intent tally never admitted, first seen on a running pod: completing", member().Phase(corev1.PodRunning).Annotation(keys.CompletionIntent, "scale-down").Build(), Counts{Completing: 1}},
+		{"invalid intent, never admitted: active", member().Phase(corev1.PodRunning).Annotation(keys.CompletionIntent, "Not A Token").Build(), Counts{Active: 1}},
 		{"label without ownerReference: not counted", builder.Pod("ns", "p").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 		{"label with another owner's reference: not counted", builder.Pod("ns", "p").ControlledBy(operator.GVK, "other", "uid-q").Label(keys.ParentUID, string(uid)).Build(), Counts{}},
 		{"non-controller reference: not counted", builder.Pod("ns", "p").OwnedBy(operator.GVK, "pool", uid).Label(keys.ParentUID, string(uid)).Build(), Counts{}},

@@ -163,7 +163,12 @@ func (r *Reducer) Pod(pod *corev1.Pod) *Pod {
 		out.Matches = c.match(pod)
 	}
 	var parent types.UID
-	if out.Misstamped, parent = r.misstamped(pod, out); out.Misstamped && parent != out.ParentUID {
+	var dropped bool
+	out.Misstamped, parent, dropped = r.misstamped(pod, out)
+	// An intent tally did not admit, and will not (firstSight), counts as
+	// none: the sweep removes it.
+	out.Intent = out.Intent && !dropped
+	if out.Misstamped && parent != out.ParentUID {
 		out.ParentUID = parent
 		if parent == out.Controller.UID {
 			out.ParentUID = out.Controller.UID
@@ -219,14 +224,15 @@ func phase(p corev1.PodPhase) corev1.PodPhase {
 // unchanged: any patch means its tally metadata is not what it should be.
 // A pod carrying the tracking finalizer while its controller's kind keeps
 // no totals (any more) is misstamped too: the backfill removes it. It also
-// returns the UID of the parent whose identity the rules give the pod.
-func (r *Reducer) misstamped(pod *corev1.Pod, reduced *Pod) (bool, types.UID) {
+// returns the UID of the parent whose identity the rules give the pod, and
+// whether they remove the intent it carries (mutate.Decision.Dropped).
+func (r *Reducer) misstamped(pod *corev1.Pod, reduced *Pod) (bool, types.UID, bool) {
+	meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences, DeletionTimestamp: pod.DeletionTimestamp}
+	d := r.rules.Decide(context.Background(), mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, OldPhase: pod.Status.Phase})
 	if reduced.Tracking && !r.rules.KeepsTotals(reduced.Controller.Kind) {
-		return true, reduced.ParentUID
+		return true, reduced.ParentUID, d.Dropped != ""
 	}
-	meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}
-	d := r.rules.Decide(context.Background(), mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta})
-	return len(d.Patch) > 0, d.Parent.UID
+	return len(d.Patch) > 0, d.Parent.UID, d.Dropped != ""
 }
 
 // Finished reports whether a pod will never run again (intent.Finished:
