@@ -6,6 +6,7 @@
 package explain
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/pkg/podexpr"
 )
 
@@ -136,6 +138,7 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 	}
 	fresh := map[config.Count]int64{}
 	custom := customFields(p)
+	rules := mutate.NewMutator([]config.Parent{p}, nil)
 	for i := range pods {
 		pod := &pods[i]
 		if pod.Namespace != parent.GetNamespace() {
@@ -149,7 +152,7 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 			}
 			continue
 		}
-		class, reason := Classify(pod)
+		class, reason := Classify(pod, rules)
 		fresh[class]++
 		for _, c := range custom {
 			c.match(pod)
@@ -242,8 +245,11 @@ func toInt64(v any) (int64, bool) {
 	return 0, false
 }
 
-// Classify returns a pod's class, by the aggregator's rule, and why.
-func Classify(pod *corev1.Pod) (config.Count, string) {
+// Classify returns a pod's class, by the aggregator's rule, and why. rules
+// are the webhook's, for the pod's parent kind: an intent tally did not
+// admit, and will not when it first sees the pod (mutate.Decision.Dropped),
+// counts as none.
+func Classify(pod *corev1.Pod, rules *mutate.Mutator) (config.Count, string) {
 	var why []string
 	reason, intent := pod.Annotations[keys.CompletionIntent]
 	if intent {
@@ -253,6 +259,11 @@ func Classify(pod *corev1.Pod) (config.Count, string) {
 		}
 		if at := pod.Annotations[keys.CompletionIntentAt]; at != "" {
 			s += " at " + at
+		}
+		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences, DeletionTimestamp: pod.DeletionTimestamp}
+		if d := rules.Decide(context.Background(), mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, OldPhase: pod.Status.Phase}); d.Dropped != "" {
+			intent = false
+			s += ", not admitted: set while tally did not see the pod, and " + d.Dropped + " (the sweep removes it)"
 		}
 		why = append(why, s)
 	} else {

@@ -13,6 +13,7 @@ import (
 
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
 )
 
 const uid = types.UID("pool-uid")
@@ -20,8 +21,9 @@ const uid = types.UID("pool-uid")
 func pod(name string, opts ...func(*corev1.Pod)) corev1.Pod {
 	p := corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name,
-			Labels:          map[string]string{keys.ParentUID: string(uid)},
-			OwnerReferences: []metav1.OwnerReference{{Kind: "WorkerPool", Name: "pool", UID: uid, Controller: ptr.To(true)}}},
+			Labels:          map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool"},
+			Annotations:     map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "example.tally.dev/v1", Kind: "WorkerPool", Name: "pool", UID: uid, Controller: ptr.To(true)}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning},
 	}
 	for _, o := range opts {
@@ -31,8 +33,13 @@ func pod(name string, opts ...func(*corev1.Pod)) corev1.Pod {
 }
 
 func intent(p *corev1.Pod) {
-	p.Annotations = map[string]string{keys.CompletionIntent: "scale-down", keys.CompletionIntentBy: "alice", keys.CompletionIntentAt: "2026-11-30T10:00:00Z"}
+	p.Annotations[keys.CompletionIntent] = "scale-down"
+	p.Annotations[keys.CompletionIntentBy] = "alice"
+	p.Annotations[keys.CompletionIntentAt] = "2026-11-30T10:00:00Z"
 }
+
+// unadmitted sets an intent tally did not see set.
+func unadmitted(p *corev1.Pod)                   { p.Annotations[keys.CompletionIntent] = "drain" }
 func phase(ph corev1.PodPhase) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Status.Phase = ph } }
 func deleting(p *corev1.Pod) {
 	p.DeletionTimestamp = &metav1.Time{Time: time.Date(2026, 11, 30, 10, 1, 0, 0, time.UTC)}
@@ -58,9 +65,12 @@ func TestClassify(t *testing.T) {
 		{"intent failed", pod("a", intent, phase(corev1.PodFailed)), config.Completed, `intent "scale-down" by alice at 2026-11-30T10:00:00Z, Failed`},
 		{"failed", pod("a", phase(corev1.PodFailed)), config.Unexpected, "no intent, Failed"},
 		{"deleted running", pod("a", deleting), config.Unexpected, "no intent, Running, terminating since 2026-11-30T10:01:00Z"},
+		{"intent tally did not see, running", pod("a", unadmitted), config.Completing, `intent "drain", Running`},
+		{"intent tally did not see, failed", pod("a", unadmitted, phase(corev1.PodFailed)), config.Unexpected,
+			`intent "drain", not admitted: set while tally did not see the pod, and the pod had finished (phase Failed) when tally first saw the intent (the sweep removes it), Failed`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			class, reason := Classify(&tc.pod)
+			class, reason := Classify(&tc.pod, mutate.NewMutator([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}}, nil))
 			assert.Equal(t, tc.class, class)
 			assert.Equal(t, tc.reason, reason)
 		})

@@ -50,7 +50,29 @@ type admissionCase struct {
 // tally's registration now, for pods their operator did not stamp and for
 // pods it did. It reports latency, throughput, webhook calls, and the CPU
 // time the API server and the webhook spent per request.
-func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, port, webhookPID int, d time.Duration) error {
+// apiRounds says how the admissions through the API server are measured.
+type apiRounds struct {
+	round  time.Duration
+	rounds int
+	// workloads, when set, keeps the workloads whose name contains it.
+	workloads string
+	// clients lists the numbers of clients, comma-separated.
+	clients string
+}
+
+func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, port, webhookPID int, api apiRounds) error {
+	d, rounds := api.round, api.rounds
+	var clientCounts []int
+	for _, f := range strings.Split(api.clients, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-api-clients: %q is not a number of clients", f)
+		}
+		clientCounts = append(clientCounts, n)
+	}
+	if rounds < 1 {
+		return fmt.Errorf("-api-rounds must be at least 1, not %d", rounds)
+	}
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = -1, 0
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
@@ -148,7 +170,10 @@ func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, p
 	}
 	fmt.Printf("\nthrough the API server (API server and etcd on both cores, the webhook on CPU 0, the clients on CPU 1), %s a round, the cases alternating in %d rounds, each round in another order; the created pods deleted between rounds; CPU from /proc/<pid>/stat\n", d, rounds)
 	for _, w := range workloads {
-		for _, clients := range []int{10, 50} {
+		if !strings.Contains(w.name, api.workloads) {
+			continue
+		}
+		for _, clients := range clientCounts {
 			fmt.Printf("%s, %d clients:\n", w.name, clients)
 			type total struct {
 				n                  int
@@ -156,6 +181,8 @@ func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, p
 				lat                []time.Duration
 				apiCPU, webhookCPU time.Duration
 				calls              float64
+				// cpus are each round's API-server CPU per request.
+				cpus []time.Duration
 			}
 			totals := make([]total, len(w.cases))
 			for round := range rounds {
@@ -189,6 +216,9 @@ func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, p
 					t.p99s = append(t.p99s, pct(lat, 99))
 					t.apiCPU += apiCPU
 					t.webhookCPU += whCPU
+					if n > 0 {
+						t.cpus = append(t.cpus, apiCPU/time.Duration(n))
+					}
 					t.calls += after[math.Inf(1)] - before[math.Inf(1)]
 				}
 			}
@@ -204,10 +234,49 @@ func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, p
 					c.name, t.n, float64(t.n)/(float64(rounds)*d.Seconds()), pct(t.lat, 50).Round(time.Microsecond), p99.Round(time.Microsecond),
 					float64(p99)/float64(baseP99), float64(cpu.Microseconds())/1000, float64(cpu)/float64(baseCPU),
 					float64((t.webhookCPU/time.Duration(t.n)).Microseconds())/1000, t.calls)
+				if i > 0 {
+					// Each round's ratio to the same round of no webhook.
+					p99r, cpur := ratios(t.p99s, base.p99s), ratios(t.cpus, base.cpus)
+					fmt.Printf("  %-52s by round: p99 %.2f–%.2fx (median %.2f), API server CPU %.2f–%.2fx (median %.2f)\n", "",
+						p99r[0], p99r[len(p99r)-1], p99r[len(p99r)/2], cpur[0], cpur[len(cpur)-1], cpur[len(cpur)/2])
+				}
 			}
 		}
 	}
 	return register(nil)
+}
+
+// ratios returns each round's a over the same round's b, sorted.
+func ratios(a, b []time.Duration) []float64 {
+	out := make([]float64, 0, min(len(a), len(b)))
+	for i := range min(len(a), len(b)) {
+		out = append(out, float64(a[i])/float64(b[i]))
+	}
+	if len(out) == 0 {
+		out = append(out, math.NaN())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// firstError keeps the first error that any of several goroutines met.
+type firstError struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (f *firstError) set(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
+	}
+}
+
+func (f *firstError) get() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
 }
 
 // drive runs clients goroutines calling do(client) for d, and returns the
@@ -217,14 +286,14 @@ func drive(clients int, d time.Duration, do func(client int) error) (int, []time
 	var lat []time.Duration
 	deadline := time.Now().Add(d)
 	var wg sync.WaitGroup
-	var firstErr atomic.Value
+	var firstErr firstError
 	for c := range clients {
 		wg.Go(func() {
 			var mine []time.Duration
 			for time.Now().Before(deadline) {
 				t := time.Now()
 				if err := do(c); err != nil {
-					firstErr.CompareAndSwap(nil, err)
+					firstErr.set(err)
 					return
 				}
 				mine = append(mine, time.Since(t))
@@ -235,7 +304,7 @@ func drive(clients int, d time.Duration, do func(client int) error) (int, []time
 		})
 	}
 	wg.Wait()
-	if err, _ := firstErr.Load().(error); err != nil {
+	if err := firstErr.get(); err != nil {
 		return 0, nil, err
 	}
 	slices.Sort(lat)

@@ -78,7 +78,12 @@ func main() {
 	steady := flag.Duration("steady", 20*time.Second, "length of the steady phase")
 	scenario := flag.String("scenario", "counts", "counts, sweep, scale, install, totals, uninstall, or webhook")
 	step := flag.Duration("step", 3*time.Second, "webhook: length of each load step over TLS")
-	apiRound := flag.Duration("api-round", 10*time.Second, "webhook: length of each round of pod creates through the API server")
+	var api apiRounds
+	flag.DurationVar(&api.round, "api-round", 10*time.Second, "webhook: length of each round of pod creates through the API server")
+	flag.IntVar(&api.rounds, "api-rounds", 4, "webhook: rounds of each case through the API server")
+	flag.StringVar(&api.workloads, "api-workloads", "", "webhook: run only the workloads through the API server whose name contains this (e.g. \"creates\")")
+	flag.StringVar(&api.clients, "api-clients", "10,50", "webhook: the numbers of clients through the API server, comma-separated")
+	tlsSteps := flag.Bool("tls-steps", true, "webhook: measure the admissions over TLS before the rounds through the API server")
 	namespaces := flag.Int("namespaces", 50, "scale: namespaces")
 	parentsPerNS := flag.Int("parents-per-namespace", 30, "scale: parents per namespace")
 	total := flag.Int("total", 10_000, "sweep: pods in the cluster; uninstall: pods carrying the tracking finalizer")
@@ -97,7 +102,7 @@ func main() {
 		case "sweep":
 			return runSweep(ctx, env, *total, *tracked)
 		case "webhook":
-			return runWebhook(ctx, env, *step, *apiRound)
+			return runWebhook(ctx, env, *step, *tlsSteps, api)
 		case "scale":
 			return runScale(ctx, env, *namespaces, *parentsPerNS, *podsPer, *tallyOnly, *only)
 		case "install":

@@ -39,7 +39,7 @@ import (
 // runWebhook measures admissions over TLS, on one core each: bin/webhook
 // against the conventional controller-runtime webhook, then pod creates
 // through the API server with tally's webhook registered and without.
-func runWebhook(ctx context.Context, env *framework.Env, step time.Duration, apiRound time.Duration) error {
+func runWebhook(ctx context.Context, env *framework.Env, step time.Duration, tlsSteps bool, api apiRounds) error {
 	dir, err := os.MkdirTemp("", "tally-bench-webhook-")
 	if err != nil {
 		return err
@@ -117,6 +117,18 @@ func runWebhook(ctx context.Context, env *framework.Env, step time.Duration, api
 		return fmt.Errorf("pinning the load generator to CPU 1: %w", err)
 	}
 
+	if tlsSteps {
+		if err := overTLS(ctx, ca, step, tallyPort, convPort); err != nil {
+			return err
+		}
+	}
+	return throughAPIServer(ctx, env, ca, tallyPort, tally.Pid(), api)
+}
+
+// overTLS measures admissions sent straight to tally's webhook and to the
+// conventional one, at rising concurrency, then at half of each one's
+// saturation.
+func overTLS(ctx context.Context, ca *devcert.CA, step time.Duration, tallyPort, convPort int) error {
 	bodies, err := reviews()
 	if err != nil {
 		return err
@@ -152,7 +164,7 @@ func runWebhook(ctx context.Context, env *framework.Env, step time.Duration, api
 	fmt.Printf("tally / conventional at saturation: %.1fx (target >= 5x); tally on one core: %.0f/s (target >= 10,000)\n",
 		sat[servers[0].name]/sat[servers[1].name], sat[servers[0].name])
 
-	return throughAPIServer(ctx, env, ca, tallyPort, tally.Pid(), apiRound)
+	return nil
 }
 
 // adminKubeconfig writes a cluster-admin kubeconfig for env into dir.
@@ -227,7 +239,7 @@ func load(ctx context.Context, url string, roots *x509.CertPool, bodies [][]byte
 	var mu sync.Mutex
 	var lat []time.Duration
 	var done atomic.Int64
-	var firstErr atomic.Value
+	var firstErr firstError
 	start := time.Now()
 	deadline := start.Add(d)
 	var interval time.Duration
@@ -247,7 +259,7 @@ func load(ctx context.Context, url string, roots *x509.CertPool, bodies [][]byte
 				t := time.Now()
 				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(bodies[i%len(bodies)]))
 				if err != nil {
-					firstErr.CompareAndSwap(nil, err)
+					firstErr.set(err)
 					return
 				}
 				req.Header.Set("Content-Type", "application/json")
@@ -260,7 +272,7 @@ func load(ctx context.Context, url string, roots *x509.CertPool, bodies [][]byte
 					}
 				}
 				if err != nil {
-					firstErr.CompareAndSwap(nil, err)
+					firstErr.set(err)
 					return
 				}
 				mine = append(mine, time.Since(t))
@@ -272,18 +284,12 @@ func load(ctx context.Context, url string, roots *x509.CertPool, bodies [][]byte
 		})
 	}
 	wg.Wait()
-	if err, _ := firstErr.Load().(error); err != nil {
+	if err := firstErr.get(); err != nil {
 		return loadResult{}, err
 	}
 	slices.Sort(lat)
 	return loadResult{rate: float64(done.Load()) / time.Since(start).Seconds(), lat: lat}, nil
 }
-
-// throughAPIServer creates pods from 10 and 50 clients for d at a time,
-// without a webhook and with tally's registered, alternating, and reads the
-// API server's own measure of the webhook call.
-// rounds is how many times each admission case is measured.
-const rounds = 4
 
 // createdLabel marks the pods the create rounds make, deleted between rounds
 // so that every round starts from the same store.

@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -39,10 +40,21 @@ func TestCheck(t *testing.T) {
 		p.Labels, p.Annotations = map[string]string{}, map[string]string{}
 	}
 	requests := map[string]sent{
-		"2": {user: "alice", before: sentAt, after: sentAt.Add(time.Second)},
-		"3": {user: "bob", before: sentAt, after: sentAt.Add(time.Second)},
-		"4": {user: "alice", before: sentAt, after: sentAt.Add(time.Second)},
+		"1": {user: "alice", before: sentAt, after: sentAt.Add(time.Second), main: true},
+		"2": {user: "alice", before: sentAt, after: sentAt.Add(time.Second), main: true},
+		"3": {user: "bob", before: sentAt, after: sentAt.Add(time.Second), main: true},
+		"4": {user: "alice", before: sentAt, after: sentAt.Add(time.Second), main: true},
+		"6": {user: "alice", before: sentAt, after: sentAt.Add(time.Second), main: true},
+		"7": {user: "bob", before: sentAt, after: sentAt.Add(time.Second), main: true},
+		// pods/status, which the webhook is not called for.
+		"10": {user: "alice", before: sentAt, after: sentAt.Add(time.Second)},
 	}
+	// Tally saw versions 1 to 4 and 6 on: 5 was stored while it did not.
+	seen := &views{spans: []span{{from: 0, to: 4}, {from: 5, to: math.MaxUint64}}}
+	forged := func(p *corev1.Pod) {
+		p.Annotations[intentKey], p.Annotations[intentAtKey], p.Annotations[intentByKey] = "scale-down", "2001-01-01T00:00:00Z", "mallory"
+	}
+	bare := func(p *corev1.Pod) { p.Labels, p.Annotations = map[string]string{}, map[string]string{} }
 	tests := []struct {
 		name     string
 		versions []*corev1.Pod
@@ -75,10 +87,23 @@ func TestCheck(t *testing.T) {
 			versions: []*corev1.Pod{pod("1", untracked)}},
 		{name: "the tracking finalizer added by an update", want: []string{"tracking finalizer"},
 			versions: []*corev1.Pod{pod("1", func(p *corev1.Pod) { p.Finalizers = nil }, untracked), pod("2", untracked)}},
+		{name: "what a client did while tally did not see the pod is not tally's",
+			versions: []*corev1.Pod{pod("1"), pod("2", failed), pod("5", failed, bare, forged)}},
+		{name: "a late intent outlasts tally's first sight", want: []string{"no intent after the end", "stamps"},
+			versions: []*corev1.Pod{pod("1"), pod("2", failed), pod("5", failed, bare, forged), pod("6", failed, forged)}},
+		{name: "forged stamps outlast tally's first sight", want: []string{"stamps"},
+			versions: []*corev1.Pod{pod("1"), pod("5", bare, forged), pod("6", forged)}},
+		{name: "the aggregator judges first: stamped as seen now by no one observed",
+			versions: []*corev1.Pod{pod("1"), pod("5", bare, forged), pod("8", func(p *corev1.Pod) { marked(p); p.Annotations[intentByKey] = unobserved })}},
+		{name: "an intent stamped as tally stamps, out of view, is taken as admitted",
+			versions: []*corev1.Pod{pod("1"), pod("2", failed), pod("5", failed, forged), pod("6", failed, forged)}},
+		{name: "a change of a pod tally did not judge again is not checked",
+			versions: []*corev1.Pod{pod("1"), pod("5", bare, forged), pod("10", bare, forged, func(p *corev1.Pod) { p.Status.Phase = corev1.PodRunning }),
+				pod("7", forged)}, want: []string{"stamps"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			h := &history{kinds: kinds, requests: requests}
+			h := &history{views: seen, requests: requests, start: sentAt}
 			for _, v := range tc.versions {
 				h.versions = append(h.versions, version{pod: v})
 			}

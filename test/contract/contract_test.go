@@ -3,9 +3,14 @@
 // PUT with any resourceVersion, merge, strategic-merge and JSON patches,
 // server-side apply, pods/status, pods/ephemeralcontainers, pods/binding,
 // DELETE), decided by a real kube-apiserver with the chart's webhook
-// registration, match conditions and admission policies, and bin/webhook.
-// The invariants are checked on the history the API server stored, as a
-// watch delivered it: not against a model.
+// registration, match conditions and admission policies, bin/webhook and
+// bin/aggregator (whose sweep stamps what the webhook did not see). The
+// sequences also change what tally sees: the namespace labelled out of the
+// webhook's scope and back, the webhook down under failurePolicy Ignore,
+// both processes restarted on another configuration (a kind removed from
+// parents or added, verifyOwner on or off). The invariants are checked on
+// the history the API server stored, as a watch delivered it: not against
+// a model.
 //
 // make test runs a fixed set of seeds; make fuzz-e2e DURATION=30m runs new
 // ones for that long, and make fuzz-e2e SEED=n runs one again.
@@ -25,7 +30,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,10 +43,7 @@ import (
 	"tally.dev/tally/certs/devcert"
 	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/internal/helm"
-	"tally.dev/tally/internal/process"
 	"tally.dev/tally/internal/truth"
-	"tally.dev/tally/pkg/config"
-	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/framework"
 )
 
@@ -52,25 +53,6 @@ var (
 	// kubeconfig.
 	bin, dir string
 	ca       *devcert.CA
-)
-
-// The configuration: the example's WorkerPool with its totals (its pods
-// get the tracking finalizer), and ReplicationController, a core kind
-// without totals.
-var (
-	cfgPath string
-	cfgText = `parents:
-  - group: example.tally.dev
-    version: v1
-    kind: WorkerPool
-    resource: workerpools
-    counts: {completing: status.completing, completedTotal: status.completedTotal, unexpectedTotal: status.unexpectedTotal}
-    ledger: status.tallyLedger
-  - group: ""
-    version: v1
-    kind: ReplicationController
-`
-	kinds = []kind{{group: "example.tally.dev", kind: "WorkerPool", totals: true}, {group: "", kind: "ReplicationController"}}
 )
 
 // selectorLabel selects the namespaces the fuzzer's registration admits.
@@ -89,6 +71,10 @@ const (
 	steps      = 60
 )
 
+// changeChance is the chance that a step changes what tally sees instead of
+// sending a request.
+const changeChance = 0.04
+
 // foundSeeds are the seeds of the longer runs that found something, each
 // run again by make test.
 var foundSeeds = []uint64{
@@ -100,6 +86,10 @@ var foundSeeds = []uint64{
 	// admitted on it: the policy on pods/status now keeps a finished pod
 	// finished.
 	1796397288372751896,
+	// While the namespace was out of the webhook's scope, an invalid
+	// intent was set on a stamped pod; once back in scope, an update
+	// had it admitted and stamped (found on the code before first sight).
+	1796557272052075578,
 }
 
 func TestMain(m *testing.M) {
@@ -108,13 +98,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	cfgPath = filepath.Join(dir, "config.yaml")
 	bin = filepath.Join(dir, "bin")
 	code := framework.Main(m, controlplane.Options{}, &env, func(e *framework.Env) error {
-		if err := framework.BuildBinaries(bin, "webhook"); err != nil {
-			return err
-		}
-		if err := os.WriteFile(cfgPath, []byte(cfgText), 0o600); err != nil {
+		if err := framework.BuildBinaries(bin, "webhook", "aggregator"); err != nil {
 			return err
 		}
 		if ca, err = devcert.NewCA("tally contract CA", time.Hour); err != nil {
@@ -134,6 +120,13 @@ func TestMain(m *testing.M) {
 		if err := controlplane.WriteKubeconfig(admin, filepath.Join(dir, "admin.kubeconfig")); err != nil {
 			return err
 		}
+		aggregator, err := e.AggregatorIdentity()
+		if err != nil {
+			return err
+		}
+		if err := controlplane.WriteKubeconfig(aggregator, filepath.Join(dir, "aggregator.kubeconfig")); err != nil {
+			return err
+		}
 		return helm.InstallPolicies(context.Background(), e.Client)
 	})
 	_ = os.RemoveAll(dir)
@@ -143,11 +136,11 @@ func TestMain(m *testing.M) {
 // TestContract runs the seeded sequences: one (TALLY_CONTRACT_SEED), new
 // ones for a while (TALLY_CONTRACT_DURATION), or the fixed ones.
 func TestContract(t *testing.T) {
-	clients := start(t)
+	clients, tl := start(t)
 	sequences, compared := 0, 0
 	run := func(seed uint64) bool {
 		sequences++
-		return t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { sequence(t, clients, seed, &compared) })
+		return t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { sequence(t, clients, tl, seed, &compared) })
 	}
 	defer func() {
 		t.Logf("%d sequences of %d requests; the model compared with the API server on %d of them", sequences, steps, compared)
@@ -175,25 +168,13 @@ func TestContract(t *testing.T) {
 	}
 }
 
-// start runs bin/webhook and registers it as the chart does, for the
-// namespaces labelled selectorLabel, and returns a client per user.
-func start(t *testing.T) map[string]kubernetes.Interface {
+// start runs bin/webhook and bin/aggregator, registers the webhook as the
+// chart does, for the namespaces labelled selectorLabel, and returns a
+// client per user.
+func start(t *testing.T) (map[string]kubernetes.Interface, *tally) {
 	t.Helper()
-	port, err := process.FreePort()
-	require.NoError(t, err)
-	framework.StartProcess(t, bin, "webhook", "--config", cfgPath, "--kubeconfig", filepath.Join(dir, "admin.kubeconfig"),
-		"--cert-dir", dir, "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
-	cfg, err := config.Load(cfgPath)
-	require.NoError(t, err)
-	wh := mutate.Webhook(cfg, admissionregistrationv1.WebhookClientConfig{
-		URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path)), CABundle: ca.CertPEM,
-	}, helm.AggregatorUser)
-	wh.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{selectorLabel: "true"}}
 	ctx := context.Background()
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "tally-contract"}, Webhooks: []admissionregistrationv1.MutatingWebhook{wh}}
-	require.NoError(t, env.Client.Create(ctx, mwc))
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), mwc) })
-
+	var err error
 	clients := map[string]kubernetes.Interface{}
 	for _, user := range append([]string{""}, users...) {
 		rc := rest.CopyConfig(env.Config)
@@ -205,6 +186,7 @@ func start(t *testing.T) map[string]kubernetes.Interface {
 		clients[user], err = kubernetes.NewForConfig(rc)
 		require.NoError(t, err)
 	}
+	tl := startTally(t, clients[""])
 
 	// The API server picks the registration up asynchronously, and the
 	// webhook adds the tracking finalizer once it has found the kind
@@ -235,7 +217,7 @@ func start(t *testing.T) map[string]kubernetes.Interface {
 		_, err := clients[""].CoreV1().Pods(ns).UpdateStatus(ctx, labelled, dryRun)
 		return apierrors.IsInvalid(err) || apierrors.IsForbidden(err)
 	}, 30*time.Second, 100*time.Millisecond, "the policy on pods/status and pods/binding never took effect")
-	return clients
+	return clients, tl
 }
 
 func withController(ref metav1.OwnerReference) metav1.OwnerReference {
@@ -253,12 +235,14 @@ func namespace(t *testing.T, c kubernetes.Interface) string {
 
 // sequence sends the requests seed draws, records the stored history
 // with a watch, and checks the invariants on it.
-func sequence(t *testing.T, clients map[string]kubernetes.Interface, seed uint64, compared *int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+func sequence(t *testing.T, clients map[string]kubernetes.Interface, tl *tally, seed uint64, compared *int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	admin := clients[""]
 	ns := namespace(t, admin)
 	defer func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) }()
+	sc := &scene{t: t, tally: tl, ns: ns}
+	sc.start(ctx)
 
 	list, err := admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
@@ -268,8 +252,11 @@ func sequence(t *testing.T, clients map[string]kubernetes.Interface, seed uint64
 	rec := &recorder{}
 	go rec.record(w)
 
-	h := &history{kinds: kinds, requests: map[string]sent{}}
-	model := modelOf(t, compared)
+	h := &history{views: &sc.views, requests: map[string]sent{}, start: time.Now()}
+	models := make([]model, len(variants))
+	for i, v := range variants {
+		models[i] = model{Contract: v.contract(t), compared: compared}
+	}
 	gen := &generator{rng: newRand(seed), ns: ns, pods: []string{"p0", "p1", "p2"}, read: func(ctx context.Context, name string) *corev1.Pod {
 		pod, err := admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -278,14 +265,23 @@ func sequence(t *testing.T, clients map[string]kubernetes.Interface, seed uint64
 		return pod
 	}}
 	var log []string
-	// disagreement is the first request on which the model and the API
-	// server disagree.
-	disagreement := ""
+	// answered are the requests sent while tally saw the namespace, for
+	// the model.
+	var answered []answer
 	for step := range steps {
+		if did := sc.change(ctx, gen); did != "" {
+			log = append(log, fmt.Sprintf("%2d %s", step, did))
+			continue
+		}
 		r := gen.next(ctx, step)
+		inView, variant := sc.views.open(), tl.variant
+		// The versions stored between from and to are this request's, or
+		// the aggregator's.
+		from := sc.now(ctx)
 		before := time.Now()
 		pod, err := r.send(ctx, clients[r.user])
 		after := time.Now()
+		to := sc.now(ctx)
 		outcome := "ok"
 		if err != nil {
 			outcome = outcomeOf(err)
@@ -294,16 +290,19 @@ func sequence(t *testing.T, clients map[string]kubernetes.Interface, seed uint64
 		if webhookFailed(err) {
 			t.Fatalf("seed %d: the webhook call failed: %v\n%s\nreproduce: make fuzz-e2e SEED=%d", seed, err, strings.Join(log, "\n"), seed)
 		}
-		if differs := model.disagrees(r, pod, err, before, after); differs != "" && disagreement == "" {
-			disagreement = fmt.Sprintf("at step %d: %s", step, differs)
+		if inView {
+			answered = append(answered, answer{r: r, err: err, before: before, after: after, variant: variant, pod: pod, to: to})
 		}
 		// A request that changes nothing is answered with the version
-		// stored before: that version is the earlier request's.
+		// stored before: that version is not its own.
 		if pod != nil {
-			if _, seen := h.requests[pod.ResourceVersion]; !seen {
-				h.requests[pod.ResourceVersion] = sent{step: step, user: r.user, what: r.what, before: before, after: after}
+			if rv, err := strconv.ParseUint(pod.ResourceVersion, 10, 64); err == nil && rv > from {
+				h.requests[pod.ResourceVersion] = sent{step: step, user: r.user, what: r.what, before: before, after: after, main: r.main}
 			}
 		}
+	}
+	if sc.restore(ctx) {
+		log = append(log, "   view restored: the first configuration, the namespace in scope, the webhook up")
 	}
 	// A sentinel pod, created last: once the watch delivers it, it has
 	// delivered every version before it.
@@ -311,6 +310,18 @@ func sequence(t *testing.T, clients map[string]kubernetes.Interface, seed uint64
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.example/c:1"}}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	h.versions = rec.until(t, sentinel.UID, 30*time.Second)
+	// disagreement is the first request on which the model and the API
+	// server disagree.
+	disagreement := ""
+	for _, a := range answered {
+		if h.raced(a) {
+			continue
+		}
+		if differs := models[a.variant].disagrees(a.r, a.pod, a.err, a.before, a.after); differs != "" {
+			disagreement = fmt.Sprintf("at step %d: %s (stored versions of %s: %s)", a.r.step, differs, a.r.pod, h.describe(a.r.pod))
+			break
+		}
+	}
 
 	if found := h.check(); len(found) > 0 {
 		lines := make([]string, len(found))
@@ -330,21 +341,16 @@ func sequence(t *testing.T, clients map[string]kubernetes.Interface, seed uint64
 			seed, disagreement, strings.Join(log, "\n"), seed)
 	}
 	if testing.Verbose() {
-		t.Logf("seed %d: %d versions of %d requests", seed, len(h.versions), steps)
+		t.Logf("seed %d: %d versions of %d requests, views %v:\n%s", seed, len(h.versions), steps, sc.views.spans, strings.Join(log, "\n"))
 	}
 }
 
 // model runs the contract's model (internal/truth) beside the API server,
-// and counts the requests it compared.
+// for the requests sent while tally saw them, and counts the requests it
+// compared.
 type model struct {
 	truth.Contract
 	compared *int
-}
-
-func modelOf(t *testing.T, compared *int) model {
-	cfg, err := config.Load(cfgPath)
-	require.NoError(t, err)
-	return model{Contract: truth.NewContract(cfg.Parents), compared: compared}
 }
 
 // disagrees returns how the API server's answer to r (the pod it stored,
@@ -368,16 +374,16 @@ func (m model) disagrees(r request, pod *corev1.Pod, err error, before, after ti
 	switch {
 	case want.Conflict:
 		if !apierrors.IsConflict(err) {
-			return fmt.Sprintf("a stale update: the model says 409 Conflict, the API server %s", answer(err))
+			return fmt.Sprintf("a stale update: the model says 409 Conflict, the API server %s", answerOf(err))
 		}
 		return ""
 	case want.Denied:
 		if !apierrors.IsForbidden(err) {
-			return fmt.Sprintf("the model refuses the request (403), the API server %s", answer(err))
+			return fmt.Sprintf("the model refuses the request (403), the API server %s", answerOf(err))
 		}
 		return ""
 	case err != nil:
-		return fmt.Sprintf("the model admits the request, the API server %s", answer(err))
+		return fmt.Sprintf("the model admits the request, the API server %s", answerOf(err))
 	}
 	got, tracking := truth.Keys(truth.PodOf(pod))
 	// A stamp of now is the webhook's clock's, within the request.
@@ -393,7 +399,63 @@ func (m model) disagrees(r request, pod *corev1.Pod, err error, before, after ti
 	return ""
 }
 
-func answer(err error) string {
+// answer is a request sent while tally saw the namespace, and what the API
+// server answered.
+type answer struct {
+	r             request
+	pod           *corev1.Pod
+	err           error
+	before, after time.Time
+	variant       int
+	// to is the API server's resourceVersion once it had answered.
+	to uint64
+}
+
+// raced reports whether the aggregator changed the pod of a's request
+// between the read the request was built on and the request: the model,
+// given the pod as read, cannot say what the API server made of it.
+func (h *history) raced(a answer) bool {
+	if a.r.stored == nil {
+		return false
+	}
+	from, err := strconv.ParseUint(a.r.stored.ResourceVersion, 10, 64)
+	if err != nil {
+		return true
+	}
+	// Up to the version the request stored, or, when it stored none, to
+	// the API server's version once it had answered.
+	to := a.to
+	if a.err == nil && a.pod != nil {
+		to, _ = strconv.ParseUint(a.pod.ResourceVersion, 10, 64)
+	}
+	for _, v := range h.versions {
+		n, err := strconv.ParseUint(v.pod.ResourceVersion, 10, 64)
+		if err != nil || v.pod.UID != a.r.stored.UID || n <= from || n >= to {
+			continue
+		}
+		if _, byFuzzer := h.requests[v.pod.ResourceVersion]; !byFuzzer {
+			return true
+		}
+	}
+	return false
+}
+
+// describe lists the versions of the pods named name, and who stored each.
+func (h *history) describe(name string) string {
+	var out []string
+	for _, v := range h.versions {
+		if v.pod.Name == name {
+			by := "tally or a deletion"
+			if req, ok := h.requests[v.pod.ResourceVersion]; ok {
+				by = fmt.Sprintf("step %d", req.step)
+			}
+			out = append(out, fmt.Sprintf("%s by %s (finalizers %v, deleting %t)", v.pod.ResourceVersion, by, v.pod.Finalizers, v.pod.DeletionTimestamp != nil))
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+func answerOf(err error) string {
 	if err == nil {
 		return "stored it"
 	}

@@ -29,7 +29,10 @@ const (
 	reinvocationWindow = 30 * time.Second
 )
 
-var labelValue = regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)
+var (
+	labelValue = regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)
+	reasonRule = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+)
 
 // kind is a parent kind the configuration tracks.
 type kind struct {
@@ -52,14 +55,23 @@ type sent struct {
 	user          string
 	what          string
 	before, after time.Time
+	// main: the request went to the pods resource (CREATE, UPDATE,
+	// PATCH, apply), which the webhook is registered for, and not to a
+	// subresource or DELETE.
+	main bool
 }
 
 // history is every stored version of the pods of one namespace in the API
-// server's order, and the requests that produced them, by resourceVersion.
+// server's order, the requests that produced them, by resourceVersion, and
+// when tally saw them. A version no request of the fuzzer stored is
+// tally's aggregator's (its sweep's stamps, its release of the tracking
+// finalizer) or the end of a deletion.
 type history struct {
-	kinds    []kind
+	views    *views
 	versions []version
 	requests map[string]sent
+	// start is when the sequence began: the aggregator stamps no earlier.
+	start time.Time
 }
 
 // violation is an invariant that a version broke.
@@ -75,19 +87,27 @@ func (v violation) String() string {
 	return fmt.Sprintf("pod %s (uid %s) at resourceVersion %s: %s: %s", v.pod, v.uid, v.version, v.rule, v.detail)
 }
 
-// check returns every violation of the contract's invariants in h:
-//   - sticky: once a version carries an intent stamped with -at, every later
-//     version carries the same intent, -at and -by;
+// check returns every violation of the contract's invariants in h, on the
+// versions that tally saw or judged (see checkPod):
+//   - sticky: once a version carries an intent tally admitted (a valid
+//     reason stamped -at/-by, on a pod stamped with its tracked
+//     controller's identity), every later version carries the same intent,
+//     -at and -by;
 //   - no intent after the end: a tracked version that carries an intent
-//     after its pod finished had it admitted (stamped) before that;
+//     after its pod finished had it admitted before that;
 //   - identity: a tracked version carries its controller's identity keys,
 //     an untracked one none;
+//   - invalid reason: a tracked version carries no intent but a valid
+//     reason;
 //   - stamps: -at and -by appear only with an intent and always with an
 //     admitted one; a change to them comes from a stored request whose
 //     requester -by names (or system:tally:unobserved) and whose time -at
-//     is within the reinvocation window of;
+//     is within the reinvocation window of, or from the aggregator as seen
+//     now by system:tally:unobserved; stamps a client wrote while tally did
+//     not see the pod do not outlast tally's first sight of it;
 //   - tracking finalizer: on a pod's first version exactly when its
-//     controller is of a kind with totals, and never added later.
+//     controller is of a kind with totals, and never added later but by
+//     the aggregator.
 func (h *history) check() []violation {
 	var out []violation
 	byUID := map[types.UID][]version{}
@@ -104,78 +124,172 @@ func (h *history) check() []violation {
 	return out
 }
 
+// checkPod checks the versions of one pod. A version is judged when tally
+// decided it under the configuration of its span: stored through the pods
+// resource while tally saw the namespace, or by the aggregator, changing
+// tally's keys. A version stored while tally did not see the pod that
+// changes its owners or tally's keys leaves it unjudged, as does a change
+// of configuration, until tally judges it again: the invariants hold on
+// the versions tally judged, and on those after them that tally saw.
 func (h *history) checkPod(versions []version) []violation {
 	var out []violation
 	report := func(v *corev1.Pod, rule, format string, args ...any) {
 		out = append(out, violation{pod: v.Name, uid: v.UID, version: v.ResourceVersion, rule: rule, detail: fmt.Sprintf(format, args...)})
 	}
 	var prev *corev1.Pod
-	// admittedBeforeEnd: an intent stamped with -at on a version before
-	// the pod first finished; finished: a version so far was finished.
-	admittedBeforeEnd, finished := "", false
+	// admittedBeforeEnd: an intent tally admitted, or must take as
+	// admitted, before the pod first finished; finished: a version so
+	// far was finished; judgedUnder: the variant under which the pod's
+	// keys were last judged, -1 when a version tally did not see changed
+	// them since.
+	admittedBeforeEnd, finished, judgedUnder := "", false, -1
 	for i, v := range versions {
 		pod := v.pod
 		if v.deleted {
 			// The last state, as the watch reports it: no request made it.
 			break
 		}
+		variant, inView := h.views.at(pod.ResourceVersion)
+		req, byFuzzer := h.requests[pod.ResourceVersion]
+		judged := inView && (byFuzzer && req.main || !byFuzzer && tallyKeysChanged(prev, pod))
+		// The stored pod the judgement was made against, and whether tally
+		// had judged it under the same configuration.
+		firstSight := judged && judgedUnder != variant
+		switch {
+		case judged:
+			judgedUnder = variant
+		case !inView && (prev == nil || tallyKeysChanged(prev, pod) || !slices.Equal(ownerUIDs(prev), ownerUIDs(pod))):
+			judgedUnder = -1
+		}
+		kinds := allKinds
+		if inView {
+			kinds = variants[variant].kinds()
+		}
 		reason, hasIntent := pod.Annotations[intentKey]
 		at, hasAt := pod.Annotations[intentAtKey]
 		by, hasBy := pod.Annotations[intentByKey]
-		owner, tracked := h.trackedOwner(pod)
+		owner, tracked := trackedOwner(kinds, pod)
+		if tracked && inView && variants[variant].verifyOwner {
+			// No owner exists: only a pod stamped with this owner's
+			// identity before stays tracked.
+			tracked = prev != nil && stampedFor(prev, owner)
+		}
+		checked := inView && judgedUnder == variant
+		wasAdmitted := prev != nil && admitted(kinds, prev)
 
-		if prev != nil {
-			if prevAt, ok := prev.Annotations[intentAtKey]; ok && prev.Annotations[intentKey] != "" {
-				for _, k := range []string{intentKey, intentAtKey, intentByKey} {
-					if pod.Annotations[k] != prev.Annotations[k] {
-						report(pod, "sticky", "%s was %q (admitted at %s) and is now %q", k, prev.Annotations[k], prevAt, pod.Annotations[k])
-					}
+		if checked && wasAdmitted {
+			for _, k := range []string{intentKey, intentAtKey, intentByKey} {
+				if pod.Annotations[k] != prev.Annotations[k] {
+					report(pod, "sticky", "%s was %q (admitted at %s) and is now %q", k, prev.Annotations[k], prev.Annotations[intentAtKey], pod.Annotations[k])
 				}
 			}
 		}
-		if finished && tracked && hasIntent && admittedBeforeEnd != reason {
+		if checked && finished && tracked && hasIntent && admittedBeforeEnd != reason {
 			report(pod, "no intent after the end", "tracked with intent %q, which was not admitted before the pod finished", reason)
 		}
-		if !finished && hasIntent && hasAt {
+		switch {
+		case !admitted(kinds, pod):
+			admittedBeforeEnd = ""
+		case !inView || !finished:
+			// Admitted now, or stamped as tally stamps while tally did
+			// not see the pod: tally cannot tell that from its own.
 			admittedBeforeEnd = reason
 		}
 		finished = finished || isFinished(pod)
 
-		want := map[string]string{}
-		if tracked {
-			want = identityOf(owner)
-		}
-		got := map[string]string{}
-		for _, k := range []string{parentUIDLabel, parentNameLabel} {
-			if val, ok := pod.Labels[k]; ok {
-				got["label "+k] = val
+		if checked {
+			want := map[string]string{}
+			if tracked {
+				want = identityOf(owner)
 			}
-		}
-		if val, ok := pod.Annotations[parentAnnotation]; ok {
-			got["annotation "+parentAnnotation] = val
-		}
-		if !mapsEqual(want, got) {
-			report(pod, "identity", "carries %v, its controller %s says %v", got, describeOwner(owner, tracked), want)
-		}
+			got := map[string]string{}
+			for _, k := range []string{parentUIDLabel, parentNameLabel} {
+				if val, ok := pod.Labels[k]; ok {
+					got["label "+k] = val
+				}
+			}
+			if val, ok := pod.Annotations[parentAnnotation]; ok {
+				got["annotation "+parentAnnotation] = val
+			}
+			if !mapsEqual(want, got) {
+				report(pod, "identity", "carries %v, its controller %s says %v", got, describeOwner(owner, tracked), want)
+			}
 
-		if (hasAt || hasBy) && !hasIntent {
-			report(pod, "stamps", "-at %q / -by %q without an intent", at, by)
-		}
-		if tracked && hasIntent && (!hasAt || !hasBy) {
-			report(pod, "stamps", "tracked with intent %q but not stamped (-at %q, -by %q)", reason, at, by)
-		}
-		if hasAt && (prev == nil || prev.Annotations[intentAtKey] != at || prev.Annotations[intentByKey] != by) {
-			out = append(out, h.checkStamp(pod, at, by)...)
+			if (hasAt || hasBy) && !hasIntent {
+				report(pod, "stamps", "-at %q / -by %q without an intent", at, by)
+			}
+			if tracked && hasIntent && (!hasAt || !hasBy) {
+				report(pod, "stamps", "tracked with intent %q but not stamped (-at %q, -by %q)", reason, at, by)
+			}
+			if tracked && hasIntent && !reasonRule.MatchString(reason) {
+				report(pod, "invalid reason", "tracked with intent %q, which is no valid reason", reason)
+			}
+			kept := prev != nil && prev.Annotations[intentAtKey] == at && prev.Annotations[intentByKey] == by
+			if hasAt && (!kept || firstSight && !wasAdmitted) {
+				out = append(out, h.checkStamp(pod, at, by)...)
+			}
 		}
 
 		hasTracking := slices.Contains(pod.Finalizers, trackingKey)
 		switch {
-		case i == 0 && hasTracking != h.keepsTotals(owner, tracked):
+		case i == 0 && judged && byFuzzer && hasTracking != (tracked && keepsTotals(kinds, owner)):
 			report(pod, "tracking finalizer", "created with it %t, its controller %s", hasTracking, describeOwner(owner, tracked))
-		case i > 0 && hasTracking && !slices.Contains(prev.Finalizers, trackingKey):
+		case i > 0 && inView && byFuzzer && hasTracking && !slices.Contains(prev.Finalizers, trackingKey):
 			report(pod, "tracking finalizer", "added by an update (%s)", h.requester(pod))
 		}
 		prev = pod
+	}
+	return out
+}
+
+// admitted reports whether pod carries an intent tally admitted, as the
+// contract tells it: a valid reason stamped -at and -by, on a pod stamped
+// with the identity of its controller, of a tracked kind.
+func admitted(kinds []kind, pod *corev1.Pod) bool {
+	reason, has := pod.Annotations[intentKey]
+	_, hasAt := pod.Annotations[intentAtKey]
+	_, hasBy := pod.Annotations[intentByKey]
+	if !has || !hasAt || !hasBy || !reasonRule.MatchString(reason) {
+		return false
+	}
+	owner, tracked := trackedOwner(kinds, pod)
+	return tracked && stampedFor(pod, owner)
+}
+
+// stampedFor reports whether pod carries owner's identity keys.
+func stampedFor(pod *corev1.Pod, owner metav1.OwnerReference) bool {
+	want := identityOf(owner)
+	return pod.Labels[parentUIDLabel] == want["label "+parentUIDLabel] && pod.Annotations[parentAnnotation] == want["annotation "+parentAnnotation]
+}
+
+// tallyKeysChanged reports whether pod's tally.dev/ labels or annotations
+// differ from prev's (nil: none).
+func tallyKeysChanged(prev, pod *corev1.Pod) bool {
+	tallyKeys := func(p *corev1.Pod) map[string]string {
+		out := map[string]string{}
+		if p == nil {
+			return out
+		}
+		for k, v := range p.Labels {
+			if strings.HasPrefix(k, "tally.dev/") {
+				out["label "+k] = v
+			}
+		}
+		for k, v := range p.Annotations {
+			if strings.HasPrefix(k, "tally.dev/") {
+				out["annotation "+k] = v
+			}
+		}
+		return out
+	}
+	return !mapsEqual(tallyKeys(prev), tallyKeys(pod))
+}
+
+// ownerUIDs lists a pod's owners and which is its controller.
+func ownerUIDs(pod *corev1.Pod) []string {
+	var out []string
+	for _, r := range pod.OwnerReferences {
+		out = append(out, fmt.Sprintf("%s/%s/%s/%t", r.APIVersion, r.Kind, r.UID, r.Controller != nil && *r.Controller))
 	}
 	return out
 }
@@ -188,7 +302,13 @@ func (h *history) checkStamp(pod *corev1.Pod, at, by string) []violation {
 	}
 	req, ok := h.requests[pod.ResourceVersion]
 	if !ok {
-		return report("-at %q / -by %q stored by no request the fuzzer sent", at, by)
+		// The aggregator's: an intent it first saw, stamped as seen now
+		// by no one observed.
+		t, err := time.Parse(time.RFC3339, at)
+		if by != unobserved || err != nil || t.Before(h.start.Truncate(time.Second).Add(-reinvocationWindow)) || t.After(time.Now()) {
+			return report("-at %q / -by %q stored by no request the fuzzer sent, and not as the aggregator stamps", at, by)
+		}
+		return nil
 	}
 	if by != req.user && by != unobserved {
 		return report("-by %q, stored by step %d of %s (%s)", by, req.step, req.user, req.what)
@@ -211,8 +331,8 @@ func (h *history) requester(pod *corev1.Pod) string {
 }
 
 // trackedOwner returns the pod's controller ownerReference and whether it
-// names a tracked kind (in any version of its group).
-func (h *history) trackedOwner(pod *corev1.Pod) (metav1.OwnerReference, bool) {
+// names one of kinds (in any version of its group).
+func trackedOwner(kinds []kind, pod *corev1.Pod) (metav1.OwnerReference, bool) {
 	for _, ref := range pod.OwnerReferences {
 		if ref.Controller == nil || !*ref.Controller {
 			continue
@@ -221,7 +341,7 @@ func (h *history) trackedOwner(pod *corev1.Pod) (metav1.OwnerReference, bool) {
 		if !found {
 			group = ""
 		}
-		for _, k := range h.kinds {
+		for _, k := range kinds {
 			if k.kind == ref.Kind && k.group == group && (found || k.group == "") {
 				return ref, true
 			}
@@ -231,15 +351,13 @@ func (h *history) trackedOwner(pod *corev1.Pod) (metav1.OwnerReference, bool) {
 	return metav1.OwnerReference{}, false
 }
 
-func (h *history) keepsTotals(owner metav1.OwnerReference, tracked bool) bool {
-	if !tracked {
-		return false
-	}
+// keepsTotals reports whether owner, of one of kinds, keeps totals.
+func keepsTotals(kinds []kind, owner metav1.OwnerReference) bool {
 	group, _, _ := strings.Cut(owner.APIVersion, "/")
 	if !strings.Contains(owner.APIVersion, "/") {
 		group = ""
 	}
-	for _, k := range h.kinds {
+	for _, k := range kinds {
 		if k.kind == owner.Kind && k.group == group {
 			return k.totals
 		}

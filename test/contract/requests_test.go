@@ -62,6 +62,9 @@ type request struct {
 	// asked is nil for the others.
 	op            string
 	stored, asked *corev1.Pod
+	// main: the request goes to the pods resource, whose CREATE and
+	// UPDATE the webhook is registered for.
+	main bool
 }
 
 // generator draws the requests of one sequence from its seed.
@@ -221,6 +224,7 @@ func (g *generator) next(ctx context.Context, step int) request {
 		rv, form := g.resourceVersion(stored.ResourceVersion)
 		pod.ResourceVersion = rv
 		r.what = fmt.Sprintf("PUT (resourceVersion %s %q): %s", form, rv, strings.Join(did, ", "))
+		r.main = true
 		r.op, r.stored, r.asked = "UPDATE", stored, pod
 		r.send = func(ctx context.Context, c kubernetes.Interface) (*corev1.Pod, error) {
 			return pods(c).Update(ctx, pod, metav1.UpdateOptions{})
@@ -228,6 +232,7 @@ func (g *generator) next(ctx context.Context, step int) request {
 	case 3, 4:
 		patch, did := g.mergePatch(now)
 		r.what = "merge patch " + did + ": " + string(patch)
+		r.main = true
 		r.op, r.stored, r.asked = "UPDATE", stored, patched(stored, func(raw []byte) ([]byte, error) { return jsonpatch.MergePatch(raw, patch) })
 		r.send = func(ctx context.Context, c kubernetes.Interface) (*corev1.Pod, error) {
 			return pods(c).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
@@ -235,6 +240,7 @@ func (g *generator) next(ctx context.Context, step int) request {
 	case 5:
 		patch, did := g.mergePatch(now)
 		r.what = "strategic merge patch " + did + ": " + string(patch)
+		r.main = true
 		r.op, r.stored, r.asked = "UPDATE", stored, patched(stored, func(raw []byte) ([]byte, error) {
 			return strategicpatch.StrategicMergePatch(raw, patch, corev1.Pod{})
 		})
@@ -244,6 +250,7 @@ func (g *generator) next(ctx context.Context, step int) request {
 	case 6:
 		patch := g.jsonPatch(stored, now)
 		r.what = "JSON patch: " + string(patch)
+		r.main = true
 		r.op, r.stored, r.asked = "UPDATE", stored, patched(stored, func(raw []byte) ([]byte, error) {
 			ops, err := jsonpatch.DecodePatch(patch)
 			if err != nil {
@@ -258,6 +265,7 @@ func (g *generator) next(ctx context.Context, step int) request {
 		cfg, did := g.apply(name, now)
 		manager, force := managers[g.pick(len(managers))], g.chance(0.5)
 		r.what = fmt.Sprintf("apply by %s (force %t): %s", manager, force, did)
+		r.main = true
 		r.send = func(ctx context.Context, c kubernetes.Interface) (*corev1.Pod, error) {
 			return pods(c).Apply(ctx, cfg, metav1.ApplyOptions{FieldManager: manager, Force: force})
 		}
@@ -335,7 +343,7 @@ func (g *generator) create(r request, now time.Time) request {
 		did = append(did, "on node-1")
 	}
 	r.what = "CREATE: " + strings.Join(did, ", ")
-	r.op, r.asked = "CREATE", pod
+	r.op, r.asked, r.main = "CREATE", pod, true
 	r.send = func(ctx context.Context, c kubernetes.Interface) (*corev1.Pod, error) {
 		return c.CoreV1().Pods(g.ns).Create(ctx, pod, metav1.CreateOptions{})
 	}
