@@ -115,6 +115,15 @@ func (c Contract) owner(pod *Pod) (schema.GroupKind, metav1.OwnerReference, bool
 	return schema.GroupKind{}, metav1.OwnerReference{}, false
 }
 
+// stampedFor reports whether pod carries every identity key of the
+// controller ref, of kind.
+func stampedFor(pod *Pod, kind schema.GroupKind, ref metav1.OwnerReference) bool {
+	name, hasName := pod.Labels["tally.dev/parent-name"]
+	wantName := len(ref.Name) <= 63 && labelValue.MatchString(ref.Name)
+	return pod.Labels[parentUIDKey] == string(ref.UID) && pod.Annotations[parentKey] == identity(kind, ref) &&
+		hasName == wantName && (!wantName || name == ref.Name)
+}
+
 // identity is the tally.dev/parent value of a controller of kind.
 func identity(kind schema.GroupKind, ref metav1.OwnerReference) string {
 	if kind.Group == "" {
@@ -151,7 +160,7 @@ func (c Contract) Admit(op string, stored, req *Pod, user string, now time.Time)
 	if trackedNow && c.Verified != nil && !c.Verified(ref) {
 		// verifyOwner: an owner not found is not tracked, unless the
 		// stored pod already carries its identity (checked before).
-		trackedNow = op == update && stored.Labels[parentUIDKey] == string(ref.UID) && stored.Annotations[parentKey] == identity(kind, ref)
+		trackedNow = op == update && stampedFor(stored, kind, ref)
 	}
 	var storedIntent, storedAt, storedBy string
 	var had, hadAt, hadBy, stampedBefore bool
@@ -161,8 +170,7 @@ func (c Contract) Admit(op string, stored, req *Pod, user string, now time.Time)
 		storedBy, hadBy = stored.Annotations[intentByKey]
 		// Stamped by tally: the stored pod carries the identity of its
 		// controller, of a tracked kind.
-		stampedBefore = trackedBefore && stored.Labels[parentUIDKey] == string(oldRef.UID) &&
-			stored.Annotations[parentKey] == identity(oldKind, oldRef)
+		stampedBefore = trackedBefore && stampedFor(stored, oldKind, oldRef)
 	}
 	reason, has := req.Annotations[intentKey]
 	// Sticky, whatever the owner after: a valid intent stamped -at/-by on

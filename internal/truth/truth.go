@@ -34,8 +34,7 @@ func Counts(pods []corev1.Pod, ns string, uid types.UID) map[config.Count]int64 
 		_, at := p.Annotations[keys.CompletionIntentAt]
 		_, by := p.Annotations[keys.CompletionIntentBy]
 		gv, _ := schema.ParseGroupVersion(ref.APIVersion)
-		stamped := at && by && p.Labels[keys.ParentUID] == string(uid) &&
-			p.Annotations[keys.Parent] == identity(schema.GroupKind{Group: gv.Group, Kind: ref.Kind}, *ref)
+		stamped := at && by && stampedFor(PodOf(p), schema.GroupKind{Group: gv.Group, Kind: ref.Kind}, *ref)
 		intent = intent && reasonRule.MatchString(reason) && (stamped || !terminal && p.DeletionTimestamp == nil)
 		switch {
 		case intent && !terminal:

@@ -14,6 +14,7 @@ import (
 	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/aggregate/ledger"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
 )
 
 // confirm reads from the API server what a step asked for: the pods in
@@ -38,8 +39,7 @@ func (r *Reconciler) confirm(ctx context.Context, parent client.Object, step *le
 		defer mu.Unlock()
 		live.Asked[p.UID] = true
 		if err == nil && pod.UID == p.UID {
-			_, intent := pod.Annotations[keys.CompletionIntent]
-			live.Pods[p.UID] = ledger.LivePod{Tracking: slices.Contains(pod.Finalizers, keys.TrackingFinalizer), Intent: intent}
+			live.Pods[p.UID] = r.livePod(pod)
 		}
 		return nil
 	})
@@ -61,8 +61,15 @@ func (r *Reconciler) livePods(ctx context.Context, ns string, uid types.UID) (le
 		if ref := metav1.GetControllerOfNoCopy(p); ref == nil || ref.UID != uid {
 			continue
 		}
-		_, intent := p.Annotations[keys.CompletionIntent]
-		live.Pods[p.UID] = ledger.LivePod{Tracking: slices.Contains(p.Finalizers, keys.TrackingFinalizer), Intent: intent}
+		live.Pods[p.UID] = r.livePod(p)
 	}
 	return live, nil
+}
+
+// livePod is what the ledger reads of a pod read from the API server. Its
+// intent counts only if tally admitted it (mutate.Mutator.Admitted): the
+// ledger reads it for finished pods, on which tally admits no other.
+func (r *Reconciler) livePod(pod *metav1.PartialObjectMetadata) ledger.LivePod {
+	meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences, DeletionTimestamp: pod.DeletionTimestamp}
+	return ledger.LivePod{Tracking: slices.Contains(pod.Finalizers, keys.TrackingFinalizer), Intent: r.rules.Admitted(meta)}
 }

@@ -17,6 +17,7 @@ import (
 
 	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/pkg/servable"
 )
 
@@ -42,6 +43,9 @@ type Reconciler struct {
 	// custom is how many custom counts the kind defines.
 	custom   int
 	releases *releases
+	// rules are the webhook's, for this kind: whether a pod read from the
+	// API server carries an intent tally admitted.
+	rules *mutate.Mutator
 	// written tells when the parent cache is behind this replica's own
 	// writes.
 	written *written
@@ -116,7 +120,7 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	}
 	return &Reconciler{
 		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(), custom: len(parent.CustomCounts),
-		releases: newReleases(), written: newWritten(), Deps: deps,
+		releases: newReleases(), written: newWritten(), Deps: deps, rules: mutate.NewMutator([]config.Parent{parent}, nil),
 		reconciledTotal: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
 		conflicts: applyConflicts.WithLabelValues(kind), liveReads: parentLiveReads.WithLabelValues(kind), fenced: appliesFenced.WithLabelValues(kind),

@@ -263,7 +263,7 @@ func Classify(pod *corev1.Pod, rules *mutate.Mutator) (config.Count, string) {
 		meta := &mutate.PodMeta{Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences, DeletionTimestamp: pod.DeletionTimestamp}
 		if d := rules.Decide(context.Background(), mutate.Input{Operation: mutate.Update, Pod: meta, Old: meta, OldPhase: pod.Status.Phase}); d.Dropped != "" {
 			intent = false
-			s += ", not admitted: set while tally did not see the pod, and " + d.Dropped + " (the sweep removes it)"
+			s += ", not admitted: tally did not admit it on this pod, and " + d.Dropped + " (the sweep removes it)"
 		}
 		why = append(why, s)
 	} else {

@@ -67,7 +67,7 @@ func TestClassify(t *testing.T) {
 		{"deleted running", pod("a", deleting), config.Unexpected, "no intent, Running, terminating since 2026-11-30T10:01:00Z"},
 		{"intent tally did not see, running", pod("a", unadmitted), config.Completing, `intent "drain", Running`},
 		{"intent tally did not see, failed", pod("a", unadmitted, phase(corev1.PodFailed)), config.Unexpected,
-			`intent "drain", not admitted: set while tally did not see the pod, and the pod had finished (phase Failed) when tally first saw the intent (the sweep removes it), Failed`},
+			`intent "drain", not admitted: tally did not admit it on this pod, and the pod had finished (phase Failed) when tally first saw the intent (the sweep removes it), Failed`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			class, reason := Classify(&tc.pod, mutate.NewMutator([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}}, nil))

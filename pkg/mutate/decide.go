@@ -329,10 +329,12 @@ func alreadyStamped(in Input, owner identity.Parent) bool {
 	return in.Operation == Update && in.Old != nil && stampedWith(in.Old, owner)
 }
 
-// stampedWith reports whether pod carries owner's identity, as tally stamps
-// it.
+// stampedWith reports whether pod carries owner's identity, every key of
+// it, as tally stamps it.
 func stampedWith(pod *PodMeta, owner identity.Parent) bool {
-	return pod.Labels[keys.ParentUID] == string(owner.UID) && pod.Annotations[keys.Parent] == owner.String()
+	want := wantKeysOf(owner)
+	name, hasName := pod.Labels[keys.ParentName]
+	return pod.Labels[keys.ParentUID] == want.uid && pod.Annotations[keys.Parent] == want.parent && hasName == want.hasName && name == want.name
 }
 
 // wantKeys holds the identity keys' values a pod must carry.
@@ -459,6 +461,13 @@ func (m *Mutator) admittedBefore(in Input) bool {
 	}
 	owner, tracked := trackedOwner(in.Old, m.tracked)
 	return tracked && stampedWith(in.Old, owner)
+}
+
+// Admitted reports whether the stored pod carries an intent tally admitted
+// (see admittedBefore): on a pod that has finished, the only intent that
+// counts.
+func (m *Mutator) Admitted(pod *PodMeta) bool {
+	return m.admittedBefore(Input{Operation: Update, Pod: pod, Old: pod})
 }
 
 // intentStamp returns the -at and -by values the pod must carry, and false

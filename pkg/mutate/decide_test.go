@@ -368,7 +368,7 @@ func TestDecide(t *testing.T) {
 			pod:         stamped().Annotation(keys.CompletionIntent, "scale-down").Phase(corev1.PodFailed),
 			wantLabels:  map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
 			wantAnn:     map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
-			wantWarn:    []string{`annotation tally.dev/completion-intent="scale-down" removed: it was set while tally did not see this pod, and it is not admitted: the pod had finished (phase Failed) when tally first saw the intent`},
+			wantWarn:    []string{`annotation tally.dev/completion-intent="scale-down" removed: tally did not admit it on this pod (set while tally did not see the pod, or while the pod was not tracked), and it is not admitted now: the pod had finished (phase Failed) when tally first saw the intent`},
 			wantDropped: "the pod had finished (phase Failed) when tally first saw the intent",
 		},
 		{
@@ -408,6 +408,15 @@ func TestDecide(t *testing.T) {
 			wantWarn: []string{`"Not A Token" is not a valid reason`,
 				"annotation tally.dev/completion-intent-at removed", "annotation tally.dev/completion-intent-by removed"},
 			wantDropped: `"Not A Token" is not a valid reason: it must be 1 to 63 lowercase letters, digits or '-', starting and ending with a letter or digit (e.g. scale-down)`,
+		},
+		{
+			name: "an identity short of a key is not tally's stamp: the intent is judged at first sight",
+			op:   Update, old: withIntent(pod().ControlledBy(pool, "pool-a", uid).Label(keys.ParentUID, string(uid)).Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool-a")).Phase(corev1.PodFailed),
+			pod:         withIntent(pod().ControlledBy(pool, "pool-a", uid).Label(keys.ParentUID, string(uid)).Annotation(keys.Parent, "WorkerPool.example.tally.dev/pool-a")).Phase(corev1.PodFailed),
+			wantLabels:  map[string]string{keys.ParentUID: string(uid), keys.ParentName: "pool-a"},
+			wantAnn:     map[string]string{keys.Parent: "WorkerPool.example.tally.dev/pool-a"},
+			wantWarn:    []string{"had finished (phase Failed)", "completion-intent-at removed", "completion-intent-by removed"},
+			wantDropped: "the pod had finished (phase Failed) when tally first saw the intent",
 		},
 		{
 			name: "an intent stamped under another controller is judged at first sight",

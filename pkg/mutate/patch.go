@@ -77,7 +77,7 @@ func (p *patcher) noFinalizer(f string) {
 // warning saying why it is not admitted.
 func (p *patcher) drop(key, why string) {
 	p.d.Patch = append(p.d.Patch, PatchOp{Op: "remove", Path: keyPath("annotations", key)})
-	p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: annotation %s=%q removed: it was set while tally did not see this pod, and it is not admitted: %s; the pod's end counts as unexpected",
+	p.d.Warnings = append(p.d.Warnings, fmt.Sprintf("tally: annotation %s=%q removed: tally did not admit it on this pod (set while tally did not see the pod, or while the pod was not tracked), and it is not admitted now: %s; the pod's end counts as unexpected",
 		key, p.in.Pod.Annotations[key], why))
 }
 

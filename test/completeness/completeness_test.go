@@ -312,9 +312,15 @@ func TestPolicyFencesTheAggregator(t *testing.T) {
 		{"its identity", fmt.Sprintf(`{"metadata":{"labels":{"tally.dev/parent-uid":%q,"tally.dev/parent-name":"pool"},"annotations":{"tally.dev/parent":"WorkerPool.example.tally.dev/pool"}}}`, uid), ""},
 		{"the tracking finalizer, added", `{"metadata":{"finalizers":["tally.dev/tracking"]}}`, ""},
 		{"the tracking finalizer, removed", `{"metadata":{"finalizers":null}}`, ""},
+		{"the intent it first sees on a running pod, stamped", `{"metadata":{"annotations":{"tally.dev/completion-intent-at":"2026-12-06T10:00:00Z","tally.dev/completion-intent-by":"system:tally:unobserved"}}}`, ""},
+		{"an admitted intent's stamps", `{"metadata":{"annotations":{"tally.dev/completion-intent-at":"2026-12-06T11:00:00Z"}}}`, "never changing an admitted intent's stamps"},
+		{"an admitted intent, on a pod that has finished", `{"metadata":{"annotations":{"tally.dev/completion-intent":null}}}`, "may remove one only when tally did not admit it"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			if strings.Contains(tc.name, "has finished") {
+				require.NoError(t, env.Client.Status().Patch(ctx, pod.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(`{"status":{"phase":"Failed"}}`))))
+			}
 			err := aggregator.Patch(ctx, pod.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(tc.patch)))
 			if tc.denied == "" {
 				require.NoError(t, err)

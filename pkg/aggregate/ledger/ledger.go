@@ -58,7 +58,8 @@ func (b *Book) Equal(o *Book) bool {
 type LivePod struct {
 	// Tracking reports that the pod carries keys.TrackingFinalizer.
 	Tracking bool
-	// Intent reports that the pod carries keys.CompletionIntent.
+	// Intent reports that the pod carries a keys.CompletionIntent tally
+	// admitted: the only one that counts on a finished pod.
 	Intent bool
 }
 
