@@ -403,8 +403,10 @@ fuzz: ## Fuzz the webhook's request path for FUZZ_TIME (default 30s) per target.
 	go test ./pkg/mutate -run '^$$' -fuzz '^FuzzAppendString$$' -fuzztime $(FUZZ_TIME) -fuzzminimizetime 1s
 
 # make fuzz-e2e: the end-to-end contract fuzzer (test/contract) against a
-# real kube-apiserver with the chart's registration, policies and
-# bin/webhook, for DURATION on seeds drawn from the clock; SEED=n runs one
+# real kube-apiserver with the chart's registration and policies,
+# bin/webhook and bin/aggregator, the sequences changing what tally sees
+# (namespace relabels, webhook outages under Ignore, configuration
+# changes), for DURATION on seeds drawn from the clock; SEED=n runs one
 # sequence again (a failing one prints its seed). make test runs its fixed
 # seeds.
 DURATION ?= 10m

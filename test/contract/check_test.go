@@ -97,6 +97,8 @@ func TestCheck(t *testing.T) {
 			versions: []*corev1.Pod{pod("1"), pod("5", bare, forged), pod("8", func(p *corev1.Pod) { marked(p); p.Annotations[intentByKey] = unobserved })}},
 		{name: "an intent stamped as tally stamps, out of view, is taken as admitted",
 			versions: []*corev1.Pod{pod("1"), pod("2", failed), pod("5", failed, forged), pod("6", failed, forged)}},
+		{name: "a pod tally never judged again, when the sequence ends", want: []string{"judged"},
+			versions: []*corev1.Pod{pod("1"), pod("5", bare, forged), pod("10", bare, forged, func(p *corev1.Pod) { p.Status.Phase = corev1.PodRunning })}},
 		{name: "a change of a pod tally did not judge again is not checked",
 			versions: []*corev1.Pod{pod("1"), pod("5", bare, forged), pod("10", bare, forged, func(p *corev1.Pod) { p.Status.Phase = corev1.PodRunning }),
 				pod("7", forged)}, want: []string{"stamps"}},

@@ -23,6 +23,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -144,6 +146,9 @@ func TestContract(t *testing.T) {
 	}
 	defer func() {
 		t.Logf("%d sequences of %d requests; the model compared with the API server on %d of them", sequences, steps, compared)
+		if sequences > 0 && compared == 0 {
+			t.Error("the model was compared with the API server on no request")
+		}
 	}()
 	switch {
 	case os.Getenv(seedEnv) != "":
@@ -290,16 +295,7 @@ func sequence(t *testing.T, clients map[string]kubernetes.Interface, tl *tally, 
 		if webhookFailed(err) {
 			t.Fatalf("seed %d: the webhook call failed: %v\n%s\nreproduce: make fuzz-e2e SEED=%d", seed, err, strings.Join(log, "\n"), seed)
 		}
-		if inView {
-			answered = append(answered, answer{r: r, err: err, before: before, after: after, variant: variant, pod: pod, to: to})
-		}
-		// A request that changes nothing is answered with the version
-		// stored before: that version is not its own.
-		if pod != nil {
-			if rv, err := strconv.ParseUint(pod.ResourceVersion, 10, 64); err == nil && rv > from {
-				h.requests[pod.ResourceVersion] = sent{step: step, user: r.user, what: r.what, before: before, after: after, main: r.main}
-			}
-		}
+		answered = append(answered, answer{r: r, err: err, before: before, after: after, variant: variant, inView: inView, pod: pod, from: from, to: to})
 	}
 	if sc.restore(ctx) {
 		log = append(log, "   view restored: the first configuration, the namespace in scope, the webhook up")
@@ -310,11 +306,16 @@ func sequence(t *testing.T, clients map[string]kubernetes.Interface, tl *tally, 
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.example/c:1"}}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	h.versions = rec.until(t, sentinel.UID, 30*time.Second)
+	for _, a := range answered {
+		if h.stored(a) {
+			h.requests[a.pod.ResourceVersion] = sent{step: a.r.step, user: a.r.user, what: a.r.what, before: a.before, after: a.after, main: a.r.main}
+		}
+	}
 	// disagreement is the first request on which the model and the API
 	// server disagree.
 	disagreement := ""
 	for _, a := range answered {
-		if h.raced(a) {
+		if !a.inView || h.raced(a) {
 			continue
 		}
 		if differs := models[a.variant].disagrees(a.r, a.pod, a.err, a.before, a.after); differs != "" {
@@ -407,8 +408,65 @@ type answer struct {
 	err           error
 	before, after time.Time
 	variant       int
-	// to is the API server's resourceVersion once it had answered.
-	to uint64
+	// inView: tally saw the namespace when the request was sent.
+	inView bool
+	// from and to are the API server's resourceVersion before the
+	// request was sent, and once it had answered.
+	from, to uint64
+}
+
+// stored reports whether the version that answered a is a's own: a
+// request that changes nothing is answered with the version stored last,
+// one stored before it, or, when the aggregator wrote in between, the
+// aggregator's.
+func (h *history) stored(a answer) bool {
+	if a.err != nil || a.pod == nil {
+		return false
+	}
+	rv, err := strconv.ParseUint(a.pod.ResourceVersion, 10, 64)
+	if err != nil || rv <= a.from {
+		return false
+	}
+	return a.r.stored == nil || h.before(a.pod) != a.r.stored.ResourceVersion || !notOwn(a.r, a.pod)
+}
+
+// before returns the resourceVersion of the version of pod stored before
+// it, "" when none was.
+func (h *history) before(pod *corev1.Pod) string {
+	prev := ""
+	for _, v := range h.versions {
+		if v.pod.UID != pod.UID {
+			continue
+		}
+		if v.pod.ResourceVersion == pod.ResourceVersion {
+			return prev
+		}
+		prev = v.pod.ResourceVersion
+	}
+	return prev
+}
+
+// notOwn reports whether the version pod, stored right after the version r
+// was built on, may not be r's own: r asked for the pod as it was read, or
+// the version's finalizers differ from the read while r asked for the same
+// (the webhook changes no finalizer on UPDATE: the aggregator added or
+// released the tracking finalizer, and r changed nothing after the
+// webhook).
+func notOwn(r request, pod *corev1.Pod) bool {
+	if asksNothing(r) {
+		return true
+	}
+	return r.op == "UPDATE" && r.asked != nil && slices.Equal(r.asked.Finalizers, r.stored.Finalizers) && !slices.Equal(pod.Finalizers, r.stored.Finalizers)
+}
+
+// asksNothing reports whether r asks for the pod as it was read.
+func asksNothing(r request) bool {
+	if r.stored == nil || r.asked == nil {
+		return false
+	}
+	stored, asked := r.stored.ObjectMeta.DeepCopy(), r.asked.ObjectMeta.DeepCopy()
+	stored.ResourceVersion, asked.ResourceVersion = "", ""
+	return equality.Semantic.DeepEqual(stored, asked) && equality.Semantic.DeepEqual(r.stored.Spec, r.asked.Spec)
 }
 
 // raced reports whether the aggregator changed the pod of a's request
@@ -417,6 +475,10 @@ type answer struct {
 func (h *history) raced(a answer) bool {
 	if a.r.stored == nil {
 		return false
+	}
+	if a.err == nil && a.pod != nil && a.pod.ResourceVersion != a.r.stored.ResourceVersion && !h.stored(a) {
+		// Answered with a version it may not have stored.
+		return true
 	}
 	from, err := strconv.ParseUint(a.r.stored.ResourceVersion, 10, 64)
 	if err != nil {

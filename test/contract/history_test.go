@@ -143,6 +143,8 @@ func (h *history) checkPod(versions []version) []violation {
 	// keys were last judged, -1 when a version tally did not see changed
 	// them since.
 	admittedBeforeEnd, finished, judgedUnder := "", false, -1
+	// lastChecked: the invariants were checked on the last version.
+	lastChecked := false
 	for i, v := range versions {
 		pod := v.pod
 		if v.deleted {
@@ -175,6 +177,7 @@ func (h *history) checkPod(versions []version) []violation {
 			tracked = prev != nil && stampedFor(prev, owner)
 		}
 		checked := inView && judgedUnder == variant
+		lastChecked = checked
 		wasAdmitted := prev != nil && admitted(kinds, prev)
 
 		if checked && wasAdmitted {
@@ -239,6 +242,54 @@ func (h *history) checkPod(versions []version) []violation {
 		}
 		prev = pod
 	}
+	// The last version, when the invariants were not checked on it: tally
+	// saw it long enough to judge it (the sequence restores the view and
+	// waits for the sweep).
+	if n := len(versions); n > 0 && !versions[n-1].deleted && !lastChecked {
+		last := versions[n-1].pod
+		if variant, inView := h.views.at(last.ResourceVersion); inView {
+			for _, problem := range unjudged(variants[variant].kinds(), last) {
+				report(last, "judged", "%s, after tally saw the pod long enough to judge it", problem)
+			}
+		}
+	}
+	return out
+}
+
+// unjudged returns what pod carries that tally, having judged it, would
+// not leave (the first variant: no owner verification): identity keys
+// other than its tracked controller's, -at/-by without a tracked intent, a
+// tracked intent that is invalid or not stamped.
+func unjudged(kinds []kind, pod *corev1.Pod) []string {
+	var out []string
+	owner, tracked := trackedOwner(kinds, pod)
+	want := map[string]string{}
+	if tracked {
+		want = identityOf(owner)
+	}
+	got := map[string]string{}
+	for _, k := range []string{parentUIDLabel, parentNameLabel} {
+		if val, ok := pod.Labels[k]; ok {
+			got["label "+k] = val
+		}
+	}
+	if val, ok := pod.Annotations[parentAnnotation]; ok {
+		got["annotation "+parentAnnotation] = val
+	}
+	if !mapsEqual(want, got) {
+		out = append(out, fmt.Sprintf("identity %v, its controller %s says %v", got, describeOwner(owner, tracked), want))
+	}
+	reason, hasIntent := pod.Annotations[intentKey]
+	_, hasAt := pod.Annotations[intentAtKey]
+	_, hasBy := pod.Annotations[intentByKey]
+	switch {
+	case (hasAt || hasBy) && !(tracked && hasIntent):
+		out = append(out, "-at/-by without a tracked intent")
+	case tracked && hasIntent && !reasonRule.MatchString(reason):
+		out = append(out, fmt.Sprintf("an invalid intent %q", reason))
+	case tracked && hasIntent && (!hasAt || !hasBy):
+		out = append(out, fmt.Sprintf("intent %q not stamped", reason))
+	}
 	return out
 }
 
@@ -256,10 +307,13 @@ func admitted(kinds []kind, pod *corev1.Pod) bool {
 	return tracked && stampedFor(pod, owner)
 }
 
-// stampedFor reports whether pod carries owner's identity keys.
+// stampedFor reports whether pod carries every identity key of owner.
 func stampedFor(pod *corev1.Pod, owner metav1.OwnerReference) bool {
 	want := identityOf(owner)
-	return pod.Labels[parentUIDLabel] == want["label "+parentUIDLabel] && pod.Annotations[parentAnnotation] == want["annotation "+parentAnnotation]
+	name, hasName := pod.Labels[parentNameLabel]
+	wantName, wantsName := want["label "+parentNameLabel]
+	return pod.Labels[parentUIDLabel] == want["label "+parentUIDLabel] && pod.Annotations[parentAnnotation] == want["annotation "+parentAnnotation] &&
+		hasName == wantsName && name == wantName
 }
 
 // tallyKeysChanged reports whether pod's tally.dev/ labels or annotations

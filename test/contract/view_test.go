@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -277,9 +278,24 @@ func (s *scene) await(ctx context.Context, want bool, what string) {
 	}
 }
 
-// start opens the first span, once the registration has taken effect.
+// start opens a span, once the registration has taken effect and, when
+// owners are not verified, the webhook has found WorkerPool served for its
+// totals (it adds the tracking finalizer only then).
 func (s *scene) start(ctx context.Context) {
 	s.await(ctx, true, "the namespace in scope")
+	if !variants[s.tally.variant].verifyOwner {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "totals-probe", OwnerReferences: []metav1.OwnerReference{withController(owners[0])}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.example/c:1"}}}}
+			got, err := s.tally.admin.CoreV1().Pods(s.ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			if err == nil && slices.Contains(got.Finalizers, trackingKey) {
+				break
+			}
+			require.True(s.t, time.Now().Before(deadline), "the webhook did not find WorkerPool served for its totals within 30s")
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	s.views.begin(s.now(ctx), s.tally.variant)
 }
 
@@ -407,8 +423,18 @@ func (s *scene) restore(ctx context.Context) bool {
 	}
 	s.gap = 0
 	if len(s.views.spans) > 1 {
-		// Sweeps run every second: two of them have judged every pod.
-		time.Sleep(3 * time.Second)
+		// Sweeps run every second: wait until they have judged every pod
+		// (the history's check says what is left otherwise).
+		kinds := variants[s.tally.variant].kinds()
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			pods, err := s.tally.admin.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{})
+			require.NoError(s.t, err)
+			if !slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool { return len(unjudged(kinds, &p)) > 0 }) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 	return changed
 }

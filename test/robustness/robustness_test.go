@@ -344,13 +344,60 @@ func (r *run) finish(t *testing.T, pool string, pod *corev1.Pod, ending string, 
 		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"scale-down"}}}`, keys.CompletionIntent))
 		r.retry(t, "mark "+pod.Name, func(ctx context.Context) error { return env.Client.Patch(ctx, pod.DeepCopy(), patch) }, nil)
 	}
-	if ending == "delete" {
-		r.retry(t, "delete "+pod.Name, func(ctx context.Context) error { return client.IgnoreNotFound(env.Client.Delete(ctx, pod.DeepCopy())) }, nil)
-	} else {
-		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"status":{"phase":%q}}`, ending))
-		r.retry(t, ending+" "+pod.Name, func(ctx context.Context) error { return env.Client.Status().Patch(ctx, pod.DeepCopy(), patch) }, nil)
+	r.count(pod, r.end(t, pod, ending), true)
+}
+
+// end finishes pod, and reports whether it carried an intent tally
+// admitted when it finished: an intent set while the webhook was down,
+// which tally stamps when it first sees it, counts only if tally saw it
+// before the pod finished. Each ending is conditioned on the version read,
+// so that the test knows what the pod carried then.
+func (r *run) end(t *testing.T, pod *corev1.Pod, ending string) bool {
+	admitted := false
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		done, err := func() (bool, error) {
+			cur := &corev1.Pod{}
+			switch err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), cur); {
+			case apierrors.IsNotFound(err):
+				// This function's delete took effect but its answer was
+				// lost, and the pod is gone.
+				return true, nil
+			case err != nil:
+				return false, err
+			case cur.UID != pod.UID:
+				return true, nil
+			}
+			_, marked := cur.Annotations[keys.CompletionIntent]
+			_, stamped := cur.Annotations[keys.CompletionIntentAt]
+			if cur.DeletionTimestamp != nil || cur.Status.Phase == corev1.PodSucceeded || cur.Status.Phase == corev1.PodFailed {
+				// This function's ending took effect but its answer was
+				// lost: no stamp comes after the end.
+				admitted = marked && stamped
+				return true, nil
+			}
+			admitted = marked && stamped
+			if ending == "delete" {
+				return true, env.Client.Delete(ctx, cur, client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion})
+			}
+			patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q},"status":{"phase":%q}}`, cur.ResourceVersion, ending))
+			return true, env.Client.Status().Patch(ctx, cur, patch)
+		}()
+		cancel()
+		switch {
+		case done && err == nil:
+			return admitted
+		case apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err):
+			t.Errorf("%s %s refused: %v", ending, pod.Name, err)
+			return admitted
+		}
+		// A conflict (tally stamped the pod in between), or no clear
+		// answer: read it again.
+		time.Sleep(200 * time.Millisecond)
 	}
-	r.count(pod, intent, true)
+	t.Errorf("%s %s: not taken by the API server within a minute", ending, pod.Name)
+	return admitted
 }
 
 // count records pod's finish in its pool's expected totals, if tracked.
