@@ -205,15 +205,7 @@ func (h *history) checkPod(versions []version) []violation {
 			if tracked {
 				want = identityOf(owner)
 			}
-			got := map[string]string{}
-			for _, k := range []string{parentUIDLabel, parentNameLabel} {
-				if val, ok := pod.Labels[k]; ok {
-					got["label "+k] = val
-				}
-			}
-			if val, ok := pod.Annotations[parentAnnotation]; ok {
-				got["annotation "+parentAnnotation] = val
-			}
+			got := carriedIdentity(pod)
 			if !mapsEqual(want, got) {
 				report(pod, "identity", "carries %v, its controller %s says %v", got, describeOwner(owner, tracked), want)
 			}
@@ -267,15 +259,7 @@ func unjudged(kinds []kind, pod *corev1.Pod) []string {
 	if tracked {
 		want = identityOf(owner)
 	}
-	got := map[string]string{}
-	for _, k := range []string{parentUIDLabel, parentNameLabel} {
-		if val, ok := pod.Labels[k]; ok {
-			got["label "+k] = val
-		}
-	}
-	if val, ok := pod.Annotations[parentAnnotation]; ok {
-		got["annotation "+parentAnnotation] = val
-	}
+	got := carriedIdentity(pod)
 	if !mapsEqual(want, got) {
 		out = append(out, fmt.Sprintf("identity %v, its controller %s says %v", got, describeOwner(owner, tracked), want))
 	}
@@ -291,6 +275,21 @@ func unjudged(kinds []kind, pod *corev1.Pod) []string {
 		out = append(out, fmt.Sprintf("intent %q not stamped", reason))
 	}
 	return out
+}
+
+// carriedIdentity returns the identity keys pod carries, as identityOf
+// names them.
+func carriedIdentity(pod *corev1.Pod) map[string]string {
+	got := map[string]string{}
+	for _, k := range []string{parentUIDLabel, parentNameLabel} {
+		if val, ok := pod.Labels[k]; ok {
+			got["label "+k] = val
+		}
+	}
+	if val, ok := pod.Annotations[parentAnnotation]; ok {
+		got["annotation "+parentAnnotation] = val
+	}
+	return got
 }
 
 // admitted reports whether pod carries an intent tally admitted, as the
