@@ -450,7 +450,7 @@ func (m *Mutator) admittedBefore(in Input) bool {
 		return false
 	}
 	reason, had := in.Old.Annotations[keys.CompletionIntent]
-	if !had || intent.ValidReason(reason) != nil {
+	if !had {
 		return false
 	}
 	if _, stamped := in.Old.Annotations[keys.CompletionIntentAt]; !stamped {
@@ -460,7 +460,7 @@ func (m *Mutator) admittedBefore(in Input) bool {
 		return false
 	}
 	owner, tracked := trackedOwner(in.Old, m.tracked)
-	return tracked && stampedWith(in.Old, owner)
+	return tracked && stampedWith(in.Old, owner) && intent.ValidReason(reason) == nil
 }
 
 // Admitted reports whether the stored pod carries an intent tally admitted
