@@ -87,7 +87,7 @@ func TestCheck(t *testing.T) {
 			versions: []*corev1.Pod{pod("1", untracked)}},
 		{name: "the tracking finalizer added by an update", want: []string{"tracking finalizer"},
 			versions: []*corev1.Pod{pod("1", func(p *corev1.Pod) { p.Finalizers = nil }, untracked), pod("2", untracked)}},
-		{name: "what a client did while tally did not see the pod is not tally's",
+		{name: "what a client did while tally did not see the pod is not tally's, until tally had time to judge it", want: []string{"judged"},
 			versions: []*corev1.Pod{pod("1"), pod("2", failed), pod("5", failed, bare, forged)}},
 		{name: "a late intent outlasts tally's first sight", want: []string{"no intent after the end", "stamps"},
 			versions: []*corev1.Pod{pod("1"), pod("2", failed), pod("5", failed, bare, forged), pod("6", failed, forged)}},

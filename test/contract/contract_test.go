@@ -484,9 +484,9 @@ func (h *history) raced(a answer) bool {
 	if err != nil {
 		return true
 	}
-	// Up to the version the request stored, or, when it stored none, to
-	// the API server's version once it had answered.
-	to := a.to
+	// Before the version the request stored, or, when it stored none, up
+	// to the API server's version once it had answered.
+	to := a.to + 1
 	if a.err == nil && a.pod != nil {
 		to, _ = strconv.ParseUint(a.pod.ResourceVersion, 10, 64)
 	}
