@@ -58,6 +58,9 @@ type apiRounds struct {
 	workloads string
 	// clients lists the numbers of clients, comma-separated.
 	clients string
+	// cases, when set, keeps the cases whose name contains it, beside the
+	// first (no webhook), which the others are measured against.
+	cases string
 }
 
 func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, port, webhookPID int, api apiRounds) error {
@@ -173,6 +176,9 @@ func throughAPIServer(ctx context.Context, env *framework.Env, ca *devcert.CA, p
 		if !strings.Contains(w.name, api.workloads) {
 			continue
 		}
+		w.cases = slices.DeleteFunc(slices.Clone(w.cases), func(c admissionCase) bool {
+			return c.name != w.cases[0].name && !strings.Contains(c.name, api.cases)
+		})
 		for _, clients := range clientCounts {
 			fmt.Printf("%s, %d clients:\n", w.name, clients)
 			type total struct {

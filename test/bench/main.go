@@ -83,6 +83,7 @@ func main() {
 	flag.IntVar(&api.rounds, "api-rounds", 4, "webhook: rounds of each case through the API server")
 	flag.StringVar(&api.workloads, "api-workloads", "", "webhook: run only the workloads through the API server whose name contains this (e.g. \"creates\")")
 	flag.StringVar(&api.clients, "api-clients", "10,50", "webhook: the numbers of clients through the API server, comma-separated")
+	flag.StringVar(&api.cases, "api-cases", "", "webhook: run, beside the case without a webhook, only the cases whose name contains this (e.g. \"stamped by their operator\")")
 	tlsSteps := flag.Bool("tls-steps", true, "webhook: measure the admissions over TLS before the rounds through the API server")
 	namespaces := flag.Int("namespaces", 50, "scale: namespaces")
 	parentsPerNS := flag.Int("parents-per-namespace", 30, "scale: parents per namespace")
