@@ -154,8 +154,9 @@ const UnobservedRequester = "system:tally:unobserved"
 //
 // A pod whose controller is not of a tracked kind is refused only an update
 // that would remove or change an intent admitted before (admittedBefore):
-// that holds whatever the owner, so an owner change cannot launder an
-// intent (untracked).
+// the update that detaches a pod cannot drop its intent with it
+// (untracked). Once detached, the pod carries no identity, so nothing
+// proves the intent admitted any more.
 //
 // A stored pod that tally did not stamp is judged at first sight, the
 // same way whoever looks: the webhook on the first request it sees, the
@@ -443,8 +444,8 @@ func howFinished(in Input) string {
 // admitted: a valid reason with its -at and -by stamps, on a pod that tally
 // stamped with the identity of its controller, of a tracked kind. Nothing
 // else is proof: a pod tally did not stamp may carry any stamps its clients
-// wrote while tally did not see it. Such an intent is sticky whatever the
-// pod's owner after the request.
+// wrote while tally did not see it. Such an intent is sticky, also for the
+// request that changes the pod's owner.
 func (m *Mutator) admittedBefore(in Input) bool {
 	if in.Operation != Update || in.Old == nil {
 		return false

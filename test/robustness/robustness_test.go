@@ -378,11 +378,7 @@ func (r *run) end(t *testing.T, pod *corev1.Pod, ending string) bool {
 				return true, nil
 			}
 			admitted = marked && stamped
-			if ending == "delete" {
-				return true, env.Client.Delete(ctx, cur, client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion})
-			}
-			patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q},"status":{"phase":%q}}`, cur.ResourceVersion, ending))
-			return true, env.Client.Status().Patch(ctx, cur, patch)
+			return true, endFrom(ctx, cur, ending)
 		}()
 		cancel()
 		switch {
@@ -516,13 +512,18 @@ func (r *run) finishFrom(ctx context.Context, pod *corev1.Pod, ending string, in
 			return false, false, err
 		}
 	}
-	if ending == "delete" {
-		err = env.Client.Delete(ctx, cur, client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion})
-	} else {
-		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q},"status":{"phase":%q}}`, cur.ResourceVersion, ending))
-		err = env.Client.Status().Patch(ctx, cur, patch)
-	}
+	err = endFrom(ctx, cur, ending)
 	return err == nil, false, err
+}
+
+// endFrom ends cur ("delete", or a terminal phase), conditioned on the
+// version read: it fails with a conflict if the pod changed since.
+func endFrom(ctx context.Context, cur *corev1.Pod, ending string) error {
+	if ending == "delete" {
+		return env.Client.Delete(ctx, cur, client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion})
+	}
+	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q},"status":{"phase":%q}}`, cur.ResourceVersion, ending))
+	return env.Client.Status().Patch(ctx, cur, patch)
 }
 
 // recreatePool deletes pool and its live pods, as the garbage collector
