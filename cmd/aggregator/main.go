@@ -5,6 +5,7 @@ package main
 
 import (
 	"flag"
+	"os"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -27,6 +28,9 @@ func main() {
 	flag.StringVar(&opts.ContentType, "kube-api-content-type", "protobuf", "How pods are read from the API server: protobuf, or json (for a proxy in between that only passes JSON).")
 	flag.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "How many parents of one kind are reconciled at once; one parent is never reconciled twice at once.")
 	command.Main("aggregator", func() error {
+		if common.CheckConfig {
+			return common.Check(os.Stdout)
+		}
 		cfg, restCfg, err := common.Setup()
 		if err != nil {
 			return err

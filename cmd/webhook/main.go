@@ -4,6 +4,7 @@ package main
 
 import (
 	"flag"
+	"os"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -21,6 +22,9 @@ func main() {
 	flag.StringVar(&opts.Host, "host", "", "Address the webhook listens on; empty for all.")
 	flag.DurationVar(&opts.ShutdownDelay, "shutdown-delay", 5*time.Second, "After SIGTERM, keep serving this long (reporting not ready, closing each connection after its answer) while the Service's endpoints drop this replica, so that no admission is refused during a rollout or a drain.")
 	command.Main("webhook", func() error {
+		if common.CheckConfig {
+			return common.Check(os.Stdout)
+		}
 		cfg, restCfg, err := common.Setup()
 		if err != nil {
 			return err

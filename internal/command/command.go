@@ -8,10 +8,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -39,6 +41,9 @@ type Common struct {
 	// authenticate with a token the API server accepts and are allowed to
 	// get the non-resource URL /metrics.
 	MetricsSecure bool
+	// CheckConfig is --check-config: check the config file as helm
+	// install and upgrade do, and exit.
+	CheckConfig bool
 
 	zap zap.Options
 }
@@ -49,6 +54,7 @@ func (c *Common) Bind(fs *flag.FlagSet, defaultMetricsAddr string) {
 	fs.StringVar(&c.ConfigFile, "config", "", "Path to the tally configuration file (required).")
 	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", defaultMetricsAddr, "Address of the Prometheus metrics endpoint; 0 disables it.")
 	fs.StringVar(&c.ProbeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	fs.BoolVar(&c.CheckConfig, "check-config", false, "Check the --config file as helm install and upgrade do (every custom count included), print the result and exit, non-zero when it is not valid; needs no API server.")
 	fs.BoolVar(&c.MetricsSecure, "metrics-secure", false, "Serve metrics over HTTPS to requesters authorized (TokenReview and SubjectAccessReview) to get /metrics.")
 	c.zap = zap.Options{Development: false}
 	c.zap.BindFlags(fs)
@@ -70,6 +76,29 @@ func (c *Common) Setup() (*config.Config, *rest.Config, error) {
 		return nil, nil, fmt.Errorf("connecting to the API server: %w", err)
 	}
 	return cfg, restCfg, nil
+}
+
+// Check checks the config file with config.Check, which refuses what the
+// binaries leave out (a custom count that cannot be kept) as well as what
+// they refuse, and writes the result to out.
+func (c *Common) Check(out io.Writer) error {
+	if c.ConfigFile == "" {
+		return errors.New("--config is required")
+	}
+	data, err := os.ReadFile(c.ConfigFile)
+	if err != nil {
+		return fmt.Errorf("reading config: %w", err)
+	}
+	cfg, err := config.Check(data)
+	if err != nil {
+		return fmt.Errorf("config %s: %w", c.ConfigFile, err)
+	}
+	kinds := make([]string, len(cfg.Parents))
+	for i, p := range cfg.Parents {
+		kinds[i] = p.GroupKind().String()
+	}
+	_, err = fmt.Fprintf(out, "config %s is valid: parent kinds %s\n", c.ConfigFile, strings.Join(kinds, ", "))
+	return err
 }
 
 // MetricsOptions returns the metrics server options for the bind address

@@ -1,6 +1,8 @@
 package demo
 
 import (
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,16 +18,32 @@ type customCount struct {
 	program *podexpr.Program
 }
 
-func customCounts(p config.Parent) ([]customCount, error) {
-	programs, err := p.Programs()
-	if err != nil {
-		return nil, err
+// unkeptCount is a custom count tally cannot keep (config.CustomCount.Err):
+// its field must stay unwritten.
+type unkeptCount struct {
+	path []string
+	err  error
+}
+
+// customCounts returns the kind's custom counts, and apart those tally
+// cannot keep whose path is a status field no other count maps.
+func customCounts(p config.Parent) (kept []customCount, unkept []unkeptCount) {
+	mapped := map[string]bool{}
+	for _, f := range p.Fields() {
+		mapped[strings.Join(f.Path, ".")] = true
 	}
-	out := make([]customCount, len(programs))
+	programs, errs := p.Programs()
 	for i, prg := range programs {
-		out[i] = customCount{name: config.Count(p.CustomCounts[i].Name), program: prg}
+		c := p.CustomCounts[i]
+		if errs[i] != nil {
+			if strings.HasPrefix(c.Path, "status.") && !mapped[c.Path] {
+				unkept = append(unkept, unkeptCount{path: strings.Split(c.Path, "."), err: errs[i]})
+			}
+			continue
+		}
+		kept = append(kept, customCount{name: config.Count(c.Name), program: prg})
 	}
-	return out, nil
+	return kept, unkept
 }
 
 // count counts the pods of the parent with UID uid that c matches (an

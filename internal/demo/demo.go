@@ -83,7 +83,10 @@ type Demo struct {
 	finished *Finished
 	// custom are the pool's custom counts, evaluated by the demo on a
 	// fresh List as tally does on its cache.
-	custom    []customCount
+	custom []customCount
+	// unkept are its custom counts tally cannot keep: their fields stay
+	// unwritten.
+	unkept    []unkeptCount
 	stopWatch context.CancelFunc
 	// timeline records the run for its plot.
 	timeline *timeline
@@ -94,6 +97,13 @@ type Demo struct {
 // Kubeconfig returns the path of the kubeconfig that reaches the demo's
 // API server.
 func (d *Demo) Kubeconfig() string { return d.kubeconfig }
+
+// AggregatorMetrics returns the running aggregator's metrics address
+// (host:port, plain HTTP).
+func (d *Demo) AggregatorMetrics() string { return d.aggregatorMetrics }
+
+// LogDir returns the folder of the processes' logs (<name>.log).
+func (d *Demo) LogDir() string { return d.logDir }
 
 // Installed is a control plane with tally installed, for Options.Installed.
 type Installed struct {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -48,9 +49,7 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 			continue
 		}
 		d.totals = p.Tracked()
-		if d.custom, err = customCounts(p); err != nil {
-			return nil, err
-		}
+		d.custom, d.unkept = customCounts(p)
 	}
 	defer func() {
 		if err != nil {
@@ -59,6 +58,9 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 	}()
 	if err := os.MkdirAll(d.logDir, 0o755); err != nil {
 		return nil, err
+	}
+	for _, c := range d.unkept {
+		d.say("the custom count at %s cannot be kept, so tally leaves it unwritten and serves the rest: %v", strings.Join(c.path, "."), c.err)
 	}
 
 	if opts.Cluster != nil {

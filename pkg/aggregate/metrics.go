@@ -44,6 +44,10 @@ var (
 		Name: "tally_aggregator_parent_kind_problems",
 		Help: "1 for each configured parent kind the aggregator cannot serve, by kind and problem (not-served, cluster-scoped, no-status-subresource, resource-mismatch, field-not-in-schema: a mapped count, totals-not-in-schema: a mapped total or the ledger not declared, or declared with a type that refuses what tally writes, status-not-found).",
 	}, []string{"kind", "problem"})
+	customCountInvalid = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tally_aggregator_custom_count_invalid",
+		Help: "1 for each custom count the aggregator cannot keep (its name, path or expression is not valid: a configuration edited by hand, a rollback to a version whose CEL lacks a function), by parent kind and count: its field is left unwritten, everything else is served.",
+	}, []string{"kind", "count"})
 	podsStamped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tally_aggregator_backfill_stamped_pods_total",
 		Help: "Pods the backfill sweep stamped (or corrected) with the webhook's rules.",
@@ -144,7 +148,7 @@ func (currentCounts) Collect(ch chan<- prometheus.Metric) { current.Load().count
 
 func init() {
 	current.Store(newObserved())
-	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, parentLiveReads, appliesFenced, kindProblems,
+	metrics.Registry.MustRegister(reconciles, applies, appliesSkipped, applyErrors, applyConflicts, parentLiveReads, appliesFenced, kindProblems, customCountInvalid,
 		podsStamped, unstampedPods, pendingStamps, backfillSweeps, backfillDuration, trackingFinalizers, trackingLost, trackErrors, heldPods, oldestHeldPod, ledgerLiveLists, ledgerLiveReads, currentCounts{},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_aggregator_oldest_unprocessed_change_seconds",

@@ -40,8 +40,10 @@ type Reconciler struct {
 	counts, totals []config.Field
 	// ledger is the ledger's path; nil when the kind keeps no totals.
 	ledger []string
-	// custom is how many custom counts the kind defines.
+	// custom is how many custom counts the kind defines; broken are
+	// those it cannot keep (nil: none).
 	custom   int
+	broken   *brokenCounts
 	releases *releases
 	// rules are the webhook's, for this kind: whether a pod read from the
 	// API server carries an intent tally admitted.
@@ -120,6 +122,7 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	}
 	return &Reconciler{
 		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(), custom: len(parent.CustomCounts),
+		broken:   newBrokenCounts(parent),
 		releases: newReleases(), written: newWritten(), Deps: deps, rules: mutate.NewMutator([]config.Parent{parent}, nil),
 		reconciledTotal: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
@@ -189,6 +192,7 @@ func (r *Reconciler) reconcileFrom(ctx context.Context, req reconcile.Request, k
 		}
 		return r.releaseOrphans(ctx, req.NamespacedName, "")
 	}
+	r.broken.warn(r.Recorder, parent, parent.GetUID(), time.Now())
 	if result, err := r.releaseOrphans(ctx, req.NamespacedName, parent.GetUID()); err != nil || result.RequeueAfter > 0 {
 		return result, err
 	}

@@ -426,8 +426,7 @@ func TestFinishedAt(t *testing.T) {
 			pod:  corev1.Pod{ObjectMeta: metav1.ObjectMeta{ManagedFields: fields}, Status: corev1.PodStatus{Phase: corev1.PodFailed}},
 			want: 0},
 	}
-	r, err := count.NewReducer(nil)
-	require.NoError(t, err)
+	r := count.NewReducer(nil)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			assert.Equal(t, tt.want, r.Pod(&tt.pod).FinishedAt)

@@ -5,6 +5,7 @@ package config
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -119,6 +120,12 @@ type CustomCount struct {
 	// Expression is a boolean CEL expression over the pod (package
 	// podexpr), checked by Parse.
 	Expression string `json:"expression"`
+	// Err is why the count cannot be kept (its name, path or expression,
+	// an unknown key), found by Parse; nil for a valid count. Only the
+	// aggregator's counting reads custom counts: it leaves a count with an
+	// Err unwritten and serves the others, the webhook ignores them, and
+	// Check refuses the configuration.
+	Err error `json:"-"`
 }
 
 // MaxCustomCounts is how many custom counts one kind may define.
@@ -173,23 +180,57 @@ func (p Parent) Fields() []Field {
 	}
 	add(Counts)
 	for i, c := range p.CustomCounts {
-		fields = append(fields, Field{Count: Count(c.Name), Path: strings.Split(c.Path, "."), Custom: true, Index: i})
+		if c.Err == nil {
+			fields = append(fields, Field{Count: Count(c.Name), Path: strings.Split(c.Path, "."), Custom: true, Index: i})
+		}
 	}
 	add(Totals)
 	return fields
 }
 
-// Programs compiles the kind's custom counts, in their order.
-func (p Parent) Programs() ([]*podexpr.Program, error) {
-	out := make([]*podexpr.Program, len(p.CustomCounts))
+// Programs compiles the kind's custom counts, in their order. A count
+// that cannot be kept has a nil program, and its error at the same place
+// in errs: its Err, or its expression's compile error in a configuration
+// that did not come from Parse.
+func (p Parent) Programs() (programs []*podexpr.Program, errs []error) {
+	programs = make([]*podexpr.Program, len(p.CustomCounts))
+	errs = make([]error, len(p.CustomCounts))
 	for i, c := range p.CustomCounts {
+		if c.Err != nil {
+			errs[i] = c.Err
+			continue
+		}
 		prg, err := podexpr.Compile(c.Expression, c.Name)
 		if err != nil {
-			return nil, fmt.Errorf("%s custom count %q: expression %w", p.GroupKind(), c.Name, err)
+			errs[i] = fmt.Errorf("%s custom count %q: expression %w", p.GroupKind(), c.Name, err)
+			continue
 		}
-		out[i] = prg
+		programs[i] = prg
 	}
-	return out, nil
+	return programs, errs
+}
+
+// Broken returns the kind's custom counts that have an Err.
+func (p Parent) Broken() []CustomCount {
+	var out []CustomCount
+	for _, c := range p.CustomCounts {
+		if c.Err != nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// CustomCountErrors returns the errors of every custom count that has one
+// (CustomCount.Err), joined; nil when there are none.
+func (c *Config) CustomCountErrors() error {
+	var errs []error
+	for _, p := range c.Parents {
+		for _, cc := range p.Broken() {
+			errs = append(errs, cc.Err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Load reads and validates the configuration file at path.
@@ -214,16 +255,26 @@ func (e *InvalidError) Unwrap() error { return e.Err }
 
 // Parse decodes a configuration document, rejecting unknown keys, validates
 // it and applies defaults. Its error is an *InvalidError.
+//
+// A custom count's own problems (its keys, name, path or expression) do not
+// make the document invalid: they are the count's Err, so that a mistake
+// only the aggregator's counting reads cannot stop the webhook, nor the
+// aggregator's other work. Check refuses them too.
 func Parse(data []byte) (*Config, error) {
-	if err := checkKeys(data); err != nil {
+	doc, customKeys, err := checkKeys(data)
+	if err != nil {
 		return nil, &InvalidError{err}
 	}
 	var cfg Config
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+	if err := yaml.UnmarshalStrict(doc, &cfg); err != nil {
 		return nil, &InvalidError{fmt.Errorf("decoding: %w", err)}
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, &InvalidError{err}
+	}
+	for at, err := range customKeys {
+		c := &cfg.Parents[at[0]].CustomCounts[at[1]]
+		c.Err = errors.Join(err, c.Err)
 	}
 	if cfg.NamespaceSelector == nil {
 		cfg.NamespaceSelector = DefaultNamespaceSelector()
@@ -236,6 +287,21 @@ func Parse(data []byte) (*Config, error) {
 	return &cfg, nil
 }
 
+// Check is Parse that refuses the custom counts' errors too: what the
+// chart runs before helm install and upgrade change anything
+// (--check-config), so that a configuration reaches the cluster only
+// whole.
+func Check(data []byte) (*Config, error) {
+	cfg, err := Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.CustomCountErrors(); err != nil {
+		return nil, &InvalidError{err}
+	}
+	return cfg, nil
+}
+
 var (
 	topKeys    = []string{"parents", "verifyOwner", "namespaceSelector"}
 	parentKeys = []string{"group", "version", "kind", "resource", "counts", "ledger", "customCounts"}
@@ -243,11 +309,14 @@ var (
 )
 
 // checkKeys rejects keys the schema does not know, naming each by its path.
-func checkKeys(data []byte) error {
+// Those of a custom count are returned apart, by parent and count index,
+// and left out of the document it returns (as JSON).
+func checkKeys(data []byte) ([]byte, map[[2]int]error, error) {
 	var doc map[string]any
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return fmt.Errorf("decoding: %w", err)
+	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
+		return nil, nil, fmt.Errorf("decoding: %w", err)
 	}
+	countKeys := map[[2]int]error{}
 	var errs []error
 	for _, k := range slices.Sorted(maps.Keys(doc)) {
 		if !slices.Contains(topKeys, k) {
@@ -267,12 +336,17 @@ func checkKeys(data []byte) error {
 			fields, _ := c.(map[string]any)
 			for _, k := range slices.Sorted(maps.Keys(fields)) {
 				if !slices.Contains(customKeys, k) {
-					errs = append(errs, fmt.Errorf("parents[%d].customCounts[%d].%s: unknown key", i, j, k))
+					countKeys[[2]int{i, j}] = errors.Join(countKeys[[2]int{i, j}], fmt.Errorf("parents[%d].customCounts[%d].%s: unknown key", i, j, k))
+					delete(fields, k)
 				}
 			}
 		}
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return nil, nil, errors.Join(errs...)
+	}
+	cleaned, err := json.Marshal(doc)
+	return cleaned, countKeys, err
 }
 
 var (
@@ -323,7 +397,7 @@ func (c *Config) validate() error {
 		if len(counts) == 0 {
 			counts = DefaultCounts // as Parse will map them
 		}
-		errs = append(errs, validateCounts(at, p.GroupKind().String(), counts, p.Ledger, p.CustomCounts)...)
+		errs = append(errs, validateCounts(at, p.GroupKind().String(), counts, p.Ledger, c.Parents[i].CustomCounts)...)
 		switch {
 		case p.Tracked() && p.Ledger == "":
 			errs = append(errs, fmt.Errorf("%s.ledger: required when completedTotal or unexpectedTotal is mapped (e.g. status.tallyLedger)", at))
@@ -359,18 +433,18 @@ func validateCounts(at, kind string, counts map[Count]string, ledger string, cus
 		paths[ledger] = "the ledger"
 	}
 	// mapPath checks path, the field of the count named name at key, and
-	// that no other field overlaps it.
-	mapPath := func(key, name, path string) {
+	// that no other field overlaps it; it then takes the path, if valid.
+	mapPath := func(key, name, path string) error {
 		if err := validatePath(path, name); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", key, err))
-			return
+			return fmt.Errorf("%s: %w", key, err)
 		}
 		for _, other := range slices.Sorted(maps.Keys(paths)) {
 			if other == path || strings.HasPrefix(other, path+".") || strings.HasPrefix(path, other+".") {
-				errs = append(errs, fmt.Errorf("%s: field path %q overlaps %q, mapped by %s", key, path, other, paths[other]))
+				return fmt.Errorf("%s: field path %q overlaps %q, mapped by %s", key, path, other, paths[other])
 			}
 		}
 		paths[path] = "count " + name
+		return nil
 	}
 	for _, name := range slices.Sorted(maps.Keys(counts)) {
 		key := fmt.Sprintf("%s.counts.%s", at, name)
@@ -379,14 +453,26 @@ func validateCounts(at, kind string, counts map[Count]string, ledger string, cus
 				"(define a count of your own in customCounts)", key, name))
 			continue
 		}
-		mapPath(key, string(name), counts[name])
+		if err := mapPath(key, string(name), counts[name]); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	if len(custom) > MaxCustomCounts {
-		errs = append(errs, fmt.Errorf("%s.customCounts: %d custom counts, at most %d per kind", at, len(custom), MaxCustomCounts))
-	}
+	validateCustomCounts(at, kind, custom, mapPath)
+	return errs
+}
+
+// validateCustomCounts sets the Err of each custom count whose name, path
+// or expression is not valid, or that is past the MaxCustomCounts-th.
+// mapPath checks a path as for a built-in count, and takes it.
+func validateCustomCounts(at, kind string, custom []CustomCount, mapPath func(key, name, path string) error) {
 	names := map[string]int{}
-	for i, c := range custom {
+	for i := range custom {
+		c := &custom[i]
 		key := fmt.Sprintf("%s.customCounts[%d]", at, i)
+		var errs []error
+		if i >= MaxCustomCounts {
+			errs = append(errs, fmt.Errorf("%s: %s has more than %d custom counts, the most one kind may have", key, kind, MaxCustomCounts))
+		}
 		switch j, dup := names[c.Name]; {
 		case c.Name == "":
 			errs = append(errs, fmt.Errorf("%s.name: required", key))
@@ -396,18 +482,21 @@ func validateCounts(at, kind string, counts map[Count]string, ledger string, cus
 			errs = append(errs, fmt.Errorf("%s.name: %q is a built-in count: map it in counts", key, c.Name))
 		case dup:
 			errs = append(errs, fmt.Errorf("%s.name: %q is already the name of customCounts[%d]", key, c.Name, j))
+		default:
+			names[c.Name] = i
 		}
-		names[c.Name] = i
 		if c.Path == "" {
 			errs = append(errs, fmt.Errorf("%s.path: required (e.g. status.%s)", key, cmp.Or(c.Name, "ready")))
-		} else {
-			mapPath(key+".path", cmp.Or(c.Name, "ready"), c.Path)
+		} else if len(errs) == 0 {
+			// A count kept no further takes no path: the counts after
+			// it may use it.
+			errs = append(errs, mapPath(key+".path", cmp.Or(c.Name, "ready"), c.Path))
 		}
 		if _, err := podexpr.Compile(c.Expression, key+".expression"); err != nil {
 			errs = append(errs, fmt.Errorf("%s.expression: the expression of %s's count %q %w", key, kind, c.Name, err))
 		}
+		c.Err = errors.Join(errs...)
 	}
-	return errs
 }
 
 // validatePath checks a dotted field path under status; example names the

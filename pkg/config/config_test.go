@@ -98,47 +98,6 @@ func TestParseInvalid(t *testing.T) {
 			doc:     "parents: [{version: v1, kind: A}]\nnamespaceSelector: {matchExpressions: [{key: team, operator: Near}]}\n",
 			wantErr: `namespaceSelector: "Near" is not a valid label selector operator`,
 		},
-		"unknown custom count key": {
-			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expr: 'true'}]}]\n",
-			wantErr: `parents[0].customCounts[0].expr: unknown key`,
-		},
-		"custom count without a name": {
-			doc:     "parents: [{version: v1, kind: A, customCounts: [{path: status.ready, expression: 'true'}]}]\n",
-			wantErr: `parents[0].customCounts[0].name: required`,
-		},
-		"custom count named as a built-in one": {
-			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: active, path: status.ready, expression: 'true'}]}]\n",
-			wantErr: `parents[0].customCounts[0].name: "active" is a built-in count: map it in counts`,
-		},
-		"custom count with a bad name": {
-			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: Ready-1, path: status.ready, expression: 'true'}]}]\n",
-			wantErr: `parents[0].customCounts[0].name: "Ready-1" is not a count name`,
-		},
-		"two custom counts of one name": {
-			doc: "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expression: 'true'}, " +
-				"{name: ready, path: status.up, expression: 'true'}]}]\n",
-			wantErr: `parents[0].customCounts[1].name: "ready" is already the name of customCounts[0]`,
-		},
-		"custom count without a path": {
-			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, expression: 'true'}]}]\n",
-			wantErr: `parents[0].customCounts[0].path: required (e.g. status.ready)`,
-		},
-		"custom count over the default completing": {
-			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.completing, expression: 'true'}]}]\n",
-			wantErr: `parents[0].customCounts[0].path: field path "status.completing" overlaps "status.completing", mapped by count completing`,
-		},
-		"custom count outside status": {
-			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: spec.ready, expression: 'true'}]}]\n",
-			wantErr: `parents[0].customCounts[0].path: field path "spec.ready" must be under status.`,
-		},
-		"custom count whose expression does not compile": {
-			doc:     "parents: [{group: example.tally.dev, version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expression: 'pod.stauts.phase == \"Running\"'}]}]\n",
-			wantErr: "parents[0].customCounts[0].expression: the expression of A.example.tally.dev's count \"ready\" does not compile:\nERROR: parents[0].customCounts[0].expression:1:4: undefined field 'stauts'",
-		},
-		"custom count that is not boolean": {
-			doc:     "parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expression: 'pod.status.phase'}]}]\n",
-			wantErr: `parents[0].customCounts[0].expression: the expression of A's count "ready" is of type string, not bool`,
-		},
 		"no parents": {
 			doc:     "verifyOwner: true\n",
 			wantErr: "parents: at least one parent kind is required",
@@ -213,6 +172,94 @@ func TestParseInvalid(t *testing.T) {
 	}
 }
 
+// TestParseCustomCountErrors checks that a custom count's own problem is
+// that count's Err, naming its key: Parse keeps the rest of the
+// configuration (another count after it included), the count has no
+// field, and Check refuses the document with the same message.
+func TestParseCustomCountErrors(t *testing.T) {
+	tests := map[string]struct {
+		// counts are the kind's custom counts, before a valid one.
+		counts string
+		// bad is the index of the count in error.
+		bad     int
+		wantErr string
+	}{
+		"unknown custom count key": {
+			counts:  "{name: ready, path: status.ready, expr: 'true'}",
+			wantErr: `parents[0].customCounts[0].expr: unknown key`,
+		},
+		"custom count without a name": {
+			counts:  "{path: status.ready, expression: 'true'}",
+			wantErr: `parents[0].customCounts[0].name: required`,
+		},
+		"custom count named as a built-in one": {
+			counts:  "{name: active, path: status.ready, expression: 'true'}",
+			wantErr: `parents[0].customCounts[0].name: "active" is a built-in count: map it in counts`,
+		},
+		"custom count with a bad name": {
+			counts:  "{name: Ready-1, path: status.ready, expression: 'true'}",
+			wantErr: `parents[0].customCounts[0].name: "Ready-1" is not a count name`,
+		},
+		"two custom counts of one name": {
+			counts:  "{name: ready, path: status.ready, expression: 'true'}, {name: ready, path: status.up, expression: 'true'}",
+			bad:     1,
+			wantErr: `parents[0].customCounts[1].name: "ready" is already the name of customCounts[0]`,
+		},
+		"custom count without a path": {
+			counts:  "{name: ready, expression: 'true'}",
+			wantErr: `parents[0].customCounts[0].path: required (e.g. status.ready)`,
+		},
+		"custom count over the default completing": {
+			counts:  "{name: ready, path: status.completing, expression: 'true'}",
+			wantErr: `parents[0].customCounts[0].path: field path "status.completing" overlaps "status.completing", mapped by count completing`,
+		},
+		"custom count over another": {
+			counts:  "{name: ready, path: status.r, expression: 'true'}, {name: up, path: status.r.up, expression: 'true'}",
+			bad:     1,
+			wantErr: `parents[0].customCounts[1].path: field path "status.r.up" overlaps "status.r", mapped by count ready`,
+		},
+		"custom count outside status": {
+			counts:  "{name: ready, path: spec.ready, expression: 'true'}",
+			wantErr: `parents[0].customCounts[0].path: field path "spec.ready" must be under status.`,
+		},
+		"custom count whose expression does not compile": {
+			counts:  "{name: ready, path: status.ready, expression: 'pod.stauts.phase == \"Running\"'}",
+			wantErr: "parents[0].customCounts[0].expression: the expression of A.example.tally.dev's count \"ready\" does not compile:\nERROR: parents[0].customCounts[0].expression:1:4: undefined field 'stauts'",
+		},
+		"custom count that is not boolean": {
+			counts:  "{name: ready, path: status.ready, expression: 'pod.status.phase'}",
+			wantErr: `parents[0].customCounts[0].expression: the expression of A.example.tally.dev's count "ready" is of type string, not bool`,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			doc := "parents: [{group: example.tally.dev, version: v1, kind: A, customCounts: [" + tc.counts +
+				", {name: fine, path: status.fine, expression: 'true'}]}]\n"
+			cfg, err := Parse([]byte(doc))
+			require.NoError(t, err, "a custom count's problem is its own")
+			p := cfg.Parents[0]
+			require.ErrorContains(t, p.CustomCounts[tc.bad].Err, tc.wantErr)
+			fine := len(p.CustomCounts) - 1
+			require.NoError(t, p.CustomCounts[fine].Err)
+			var fields []Count
+			for _, f := range p.Fields() {
+				fields = append(fields, f.Count)
+			}
+			assert.Contains(t, fields, Count("fine"))
+			programs, errs := p.Programs()
+			assert.Nil(t, programs[tc.bad])
+			assert.Equal(t, p.CustomCounts[tc.bad].Err, errs[tc.bad])
+			assert.NotNil(t, programs[fine])
+			assert.Len(t, p.Broken(), 1)
+
+			_, err = Check([]byte(doc))
+			var invalid *InvalidError
+			require.ErrorAs(t, err, &invalid)
+			assert.Contains(t, err.Error(), tc.wantErr)
+		})
+	}
+}
+
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "config.yaml")
@@ -255,14 +302,17 @@ func TestParseCustomCounts(t *testing.T) {
 	require.NoError(t, err)
 	p := cfg.Parents[0]
 	assert.Equal(t, []string{"ready", "restarted"}, []string{p.CustomCounts[0].Name, p.CustomCounts[1].Name})
-	programs, err := p.Programs()
-	require.NoError(t, err)
+	programs, errs := p.Programs()
+	assert.Equal(t, []error{nil, nil}, errs)
 	assert.Len(t, programs, 2)
+	require.NoError(t, cfg.CustomCountErrors())
 
 	many := "parents: [{version: v1, kind: A, customCounts: ["
 	for i := range MaxCustomCounts + 1 {
 		many += fmt.Sprintf("{name: c%d, path: status.c%d, expression: 'true'},", i, i)
 	}
-	_, err = Parse([]byte(many + "]}]\n"))
-	require.ErrorContains(t, err, "parents[0].customCounts: 33 custom counts, at most 32 per kind")
+	cfg, err = Parse([]byte(many + "]}]\n"))
+	require.NoError(t, err)
+	require.Len(t, cfg.Parents[0].Broken(), 1, "the counts past the most one kind may have")
+	require.ErrorContains(t, cfg.Parents[0].CustomCounts[MaxCustomCounts].Err, "parents[0].customCounts[32]: A has more than 32 custom counts, the most one kind may have")
 }

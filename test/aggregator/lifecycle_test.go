@@ -267,8 +267,7 @@ func TestRecreatedParentNeverGetsOldCounts(t *testing.T) {
 	ns := newNamespace(t)
 	old := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, old))
-	reducer, err := count.NewReducer([]config.Parent{workerPools})
-	require.NoError(t, err)
+	reducer := count.NewReducer([]config.Parent{workerPools})
 	var pods []*count.Pod
 	for _, p := range mixedPods(operator.GVK, ns, "pool", old.GetUID(), 5) {
 		pods = append(pods, reducer.Pod(p))
@@ -279,7 +278,7 @@ func TestRecreatedParentNeverGetsOldCounts(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, replacement))
 
 	conflicts := counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev")
-	_, err = reconcilerWith(t, old, pods...).Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(old)})
+	_, err := reconcilerWith(t, old, pods...).Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(old)})
 	require.NoError(t, err)
 	got := &unstructured.Unstructured{}
 	got.SetGroupVersionKind(operator.GVK)
@@ -381,8 +380,7 @@ func TestNoWriteFromAViewThatWasStale(t *testing.T) {
 			ns := newNamespace(t)
 			pool := operator.Pool(ns, "pool", 0)
 			require.NoError(t, env.Client.Create(ctx, pool))
-			reducer, err := count.NewReducer([]config.Parent{workerPools})
-			require.NoError(t, err)
+			reducer := count.NewReducer([]config.Parent{workerPools})
 			indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 			for _, p := range mixedPods(operator.GVK, ns, "pool", pool.GetUID(), 5) {
 				require.NoError(t, indexer.Add(reducer.Pod(p)))
@@ -441,8 +439,7 @@ func TestARereadReleasesOnce(t *testing.T) {
 	require.NoError(t, unstructured.SetNestedField(pool.Object, int64(42), "status", "completing"))
 	require.NoError(t, env.Client.Status().Update(ctx, pool))
 
-	reducer, err := count.NewReducer([]config.Parent{workerPools})
-	require.NoError(t, err)
+	reducer := count.NewReducer([]config.Parent{workerPools})
 	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	for i := range 3 {
 		p := member(operator.GVK, ns, "pool", pool.GetUID(), fmt.Sprintf("p-%d", i)).Finalizer(keys.TrackingFinalizer).Build()
@@ -455,7 +452,7 @@ func TestARereadReleasesOnce(t *testing.T) {
 	})
 	released := counter(t, "tally_aggregator_tracking_finalizers_total", "orphaned", "WorkerPool.example.tally.dev")
 	conflicts := counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev")
-	_, err = r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
+	_, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
 	require.NoError(t, err)
 	require.Equal(t, conflicts+1, counter(t, "tally_aggregator_apply_conflicts_total", "WorkerPool.example.tally.dev"), "the cache was not behind")
 	assert.Equal(t, released+3, counter(t, "tally_aggregator_tracking_finalizers_total", "orphaned", "WorkerPool.example.tally.dev"))
@@ -483,8 +480,7 @@ func TestANotServedParentIsNotGone(t *testing.T) {
 	ns := newNamespace(t)
 	pool := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, pool))
-	reducer, err := count.NewReducer([]config.Parent{workerPools})
-	require.NoError(t, err)
+	reducer := count.NewReducer([]config.Parent{workerPools})
 	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	for _, p := range mixedPods(operator.GVK, ns, "pool", pool.GetUID(), 5) {
 		require.NoError(t, indexer.Add(reducer.Pod(p)))
@@ -510,8 +506,7 @@ func TestANotServedParentKeepsItsPods(t *testing.T) {
 	ns := newNamespace(t)
 	pool := operator.Pool(ns, "pool", 0)
 	require.NoError(t, env.Client.Create(ctx, pool))
-	reducer, err := count.NewReducer([]config.Parent{workerPools})
-	require.NoError(t, err)
+	reducer := count.NewReducer([]config.Parent{workerPools})
 	indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, count.Indexers)
 	for i := range 3 {
 		p := member(operator.GVK, ns, "pool", pool.GetUID(), fmt.Sprintf("p-%d", i)).Finalizer(keys.TrackingFinalizer).Build()

@@ -259,20 +259,23 @@ func TestRenderedConfigLoads(t *testing.T) {
 }
 
 // TestCustomCounts: custom counts render into the config file as the
-// values give them, names, expressions and their quotes intact; an expression
+// values give them, names, expressions and their quotes intact, and the
+// configuration check hook's ConfigMap holds the same file; an expression
 // that does not compile passes the values schema (which cannot read CEL)
-// and is refused by the config check the aggregator runs at start-up,
-// before anything runs, naming its key, kind, count and position.
+// and is refused by that check (config.Check, --check-config), naming its
+// key, kind, count and position.
 func TestCustomCounts(t *testing.T) {
 	configOf := func(values string) string {
+		configs := map[string]string{}
 		for _, u := range objects(t, render(t, values)) {
 			if u.GetKind() == "ConfigMap" {
-				data, _, _ := unstructured.NestedString(u.Object, "data", "config.yaml")
-				return data
+				configs[u.GetName()], _, _ = unstructured.NestedString(u.Object, "data", "config.yaml")
 			}
 		}
-		t.Fatal("no ConfigMap")
-		return ""
+		data, ok := configs[release+"-config"]
+		require.True(t, ok, "no ConfigMap %s-config", release)
+		require.Equal(t, data, configs[release+"-check-config"], "the hook checks the configuration the binaries read")
+		return data
 	}
 	cfg, err := config.Parse([]byte(configOf("custom-counts.yaml")))
 	require.NoError(t, err)
@@ -282,7 +285,7 @@ func TestCustomCounts(t *testing.T) {
 	assert.Equal(t, `has(pod.status.conditions) && pod.status.conditions.exists(c, c.type == "Ready" && c.status == "True")`, custom[0].Expression)
 	assert.Equal(t, `pod.status.containerStatuses.exists(s, s.restartCount > 0) || pod.metadata.name.matches('^w-\\d+$')`, custom[1].Expression)
 
-	_, err = config.Parse([]byte(configOf("custom-counts-bad-expression.yaml")))
+	_, err = config.Check([]byte(configOf("custom-counts-bad-expression.yaml")))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "parents[0].customCounts[0].expression: the expression of WorkerPool.example.tally.dev's count \"ready\" does not compile")
 	assert.Contains(t, err.Error(), "ERROR: parents[0].customCounts[0].expression:1:4: undefined field 'stauts'")
@@ -467,7 +470,7 @@ func TestImageReference(t *testing.T) {
 					images = append(images, c.(map[string]any)["image"].(string))
 				}
 			}
-			require.Len(t, images, 3, "the webhook, the aggregator and the uninstall hook")
+			require.Len(t, images, 4, "the webhook, the aggregator, the configuration check and the uninstall hook")
 			for _, image := range images {
 				assert.Equal(t, tt.want, image)
 			}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"image/png"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -150,4 +154,71 @@ func processesNaming(t *testing.T, path string) []string {
 		}
 	}
 	return found
+}
+
+// TestAnInvalidCustomCountStopsNothing runs the demo scenario on the
+// example's configuration with one more custom count, whose expression does
+// not compile (a ConfigMap edited by hand, a rollback to a version whose CEL
+// lacks a function): both binaries start, pods are stamped, counted,
+// marked, finished, recorded in the totals and deleted, the valid custom
+// count is written and the invalid one is not; the aggregator reports it by
+// a log line naming it, a metric and a Warning Event on the pool.
+func TestAnInvalidCustomCountStopsNothing(t *testing.T) {
+	ctx := context.Background()
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	dir := t.TempDir()
+	example, err := os.ReadFile(repo.Path("examples", "workerpool", "config.yaml"))
+	require.NoError(t, err)
+	const bad = `pod.status.restartCount > 0` // a field of a container's status, not the pod's
+	// One more item in the example's customCounts, its last key.
+	withBad := strings.Replace(string(example), "\nverifyOwner:",
+		"\n      - {name: restarted, path: status.restarted, expression: '"+bad+"'}\nverifyOwner:", 1)
+	require.NotEqual(t, string(example), withBad)
+	configFile := filepath.Join(dir, "config.yaml")
+	require.NoError(t, os.WriteFile(configFile, []byte(withBad), 0o600))
+	cfg, err := config.Load(configFile)
+	require.NoError(t, err, "a custom count's problem is its own")
+	require.Len(t, cfg.Parents[0].Broken(), 1)
+
+	d, err := demo.Start(ctx, demo.Options{
+		Dir: dir, BinDir: buildBinaries(t), ConfigFile: configFile, Duration: 8 * time.Second, Seed: 7, Out: t.Output(),
+	})
+	require.NoError(t, err, "the webhook and the aggregator start")
+	t.Cleanup(func() { _ = d.Stop() })
+	require.NoError(t, d.Run(ctx), "the demo's verdict: counts and totals right, ready written, restarted not")
+	s, err := d.Snapshot(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []config.Count{"ready"}, s.Custom)
+	assert.Empty(t, s.Written)
+	assert.Positive(t, s.Totals[config.CompletedTotal]+s.Totals[config.UnexpectedTotal], "pods finished and were recorded")
+
+	metrics := scrape(t, d.AggregatorMetrics())
+	assert.Contains(t, metrics, `tally_aggregator_custom_count_invalid{count="restarted",kind="WorkerPool.example.tally.dev"} 1`)
+	assert.Contains(t, metrics, `tally_aggregator_custom_count_invalid{count="ready",kind="WorkerPool.example.tally.dev"} 0`)
+
+	log, err := os.ReadFile(filepath.Join(d.LogDir(), "aggregator.log"))
+	require.NoError(t, err)
+	assert.Contains(t, string(log), `"msg":"A custom count cannot be kept`)
+	assert.Contains(t, string(log), `"count":"restarted"`)
+
+	restCfg, err := clientcmd.BuildConfigFromFlags("", d.Kubeconfig())
+	require.NoError(t, err)
+	cs, err := kubernetes.NewForConfig(restCfg)
+	require.NoError(t, err)
+	events, err := cs.EventsV1().Events(demo.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=CustomCountInvalid"})
+	require.NoError(t, err)
+	require.Len(t, events.Items, 1, "one Warning Event on the pool, at most one an hour")
+	assert.Equal(t, demo.Pool, events.Items[0].Regarding.Name)
+	assert.Contains(t, events.Items[0].Note, `"restarted" (parents[0].customCounts[1].expression: the expression of WorkerPool.example.tally.dev's count "restarted" does not compile`)
+}
+
+// scrape returns the metrics served at addr (host:port, plain HTTP).
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
 }

@@ -83,7 +83,12 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	helmRun("install", release, helm.Chart(), "--namespace", ns, "--create-namespace", "-f", valuesFile)
+	// No Job controller runs here: the chart's configuration check hook
+	// runs as a process (runConfigCheck), then helm without hooks.
+	out, err := runConfigCheck(t, valuesFile)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "is valid: parent kinds WorkerPool.example.tally.dev, HeldBackPool.held.tally.dev")
+	helmRun("install", release, helm.Chart(), "--namespace", ns, "--create-namespace", "-f", valuesFile, "--no-hooks")
 
 	// The installed config and certificates, for the binaries.
 	var cm corev1.ConfigMap
@@ -146,9 +151,22 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	var before appsv1.Deployment
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-aggregator"}, &before))
 	upgraded := []config.Parent{parents[0], {Group: "held.tally.dev", Version: "v1", Kind: "BatchPool", Resource: "batchpools"}}
+	// A custom count whose expression does not compile: the check the
+	// upgrade runs first refuses it, with the binary's message.
+	badCount := parents[0]
+	badCount.CustomCounts = []config.CustomCount{{Name: "ready", Path: "status.ready", Expression: `pod.status.ready`}}
+	_, err = helm.WriteValues(dir, []config.Parent{badCount}, helm.LocalCertificates)
+	require.NoError(t, err)
+	out, err = runConfigCheck(t, valuesFile)
+	require.Error(t, err, out)
+	assert.Contains(t, out, `aggregator: config /etc/tally/config.yaml: parents[0].customCounts[0].expression: the expression of WorkerPool.example.tally.dev's count "ready" does not compile`)
+	assert.Contains(t, out, "ERROR: parents[0].customCounts[0].expression:1:11: undefined field 'ready'")
+
 	_, err = helm.WriteValues(dir, upgraded, helm.LocalCertificates, map[string]any{"logLevel": "debug"})
 	require.NoError(t, err)
-	helmRun("upgrade", release, helm.Chart(), "--namespace", ns, "-f", valuesFile)
+	out, err = runConfigCheck(t, valuesFile)
+	require.NoError(t, err, out)
+	helmRun("upgrade", release, helm.Chart(), "--namespace", ns, "-f", valuesFile, "--no-hooks")
 	var after appsv1.Deployment
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-aggregator"}, &after))
 	assert.NotEqual(t, before.Spec.Template.Annotations["checksum/config"], after.Spec.Template.Annotations["checksum/config"], "the config change does not roll the aggregator")
@@ -177,6 +195,44 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		require.NoError(t, env.Client.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": release}))
 		assert.Empty(t, list.Items, "%s left after helm uninstall", gvk.Kind)
 	}
+}
+
+// runConfigCheck runs the command of the chart's configuration check hook
+// (its pre-install, pre-upgrade and pre-rollback Job) on the values in
+// valuesFile, as a process, with the ConfigMap the hook mounts at the path
+// it mounts it (a file here); it returns the command's output, and an
+// error when it fails (helm then stops, and prints that output).
+func runConfigCheck(t *testing.T, valuesFile string) (string, error) {
+	t.Helper()
+	manifest, err := helm.Run("template", release, helm.Chart(), "--namespace", ns, "-f", valuesFile,
+		"--show-only", "templates/check-config-hook.yaml")
+	require.NoError(t, err)
+	objs, err := helm.Objects(manifest)
+	require.NoError(t, err)
+	var job batchv1.Job
+	var cm corev1.ConfigMap
+	for _, obj := range objs {
+		switch obj.GetKind() {
+		case "Job":
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &job))
+		case "ConfigMap":
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &cm))
+		}
+	}
+	require.Len(t, job.Spec.Template.Spec.Containers, 1, "the hook's Job")
+	container := job.Spec.Template.Spec.Containers[0]
+	require.Len(t, container.Command, 1)
+	require.Len(t, container.VolumeMounts, 1)
+	require.Equal(t, cm.Name, job.Spec.Template.Spec.Volumes[0].ConfigMap.Name, "the Job mounts the hook's ConfigMap")
+	// The ConfigMap's files where the Job's container reads them.
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cm.Data["config.yaml"]), 0o600))
+	var args []string
+	for _, a := range container.Args {
+		args = append(args, strings.ReplaceAll(a, container.VolumeMounts[0].MountPath, dir))
+	}
+	out, err := exec.Command(filepath.Join(bin, filepath.Base(container.Command[0])), args...).CombinedOutput()
+	return strings.ReplaceAll(string(out), dir, container.VolumeMounts[0].MountPath), err
 }
 
 // trackedPods is how many pods carry the tracking finalizer when the

@@ -81,7 +81,9 @@ func setup(t *testing.T) *install {
 	require.NoError(t, os.WriteFile(in.kubeconfig, adminConfig, 0o600))
 	valuesFile, err := helm.WriteValues(in.dir, []config.Parent{helm.WorkerPool(config.Counts...)}, helm.LocalCertificates)
 	require.NoError(t, err)
-	_, err = helm.Run("install", helm.Release, helm.Chart(), "--namespace", ns, "--create-namespace", "-f", valuesFile, "--kubeconfig", in.kubeconfig)
+	// No Job controller runs here to run the chart's configuration check
+	// (test/install runs its command).
+	_, err = helm.Run("install", helm.Release, helm.Chart(), "--namespace", ns, "--create-namespace", "-f", valuesFile, "--kubeconfig", in.kubeconfig, "--no-hooks")
 	require.NoError(t, err)
 
 	var cm corev1.ConfigMap
@@ -247,7 +249,9 @@ func TestExplainAndDoctor(t *testing.T) {
 		assert.Contains(t, out, "FAIL  config: ")
 		assert.Contains(t, out, `parents[0].customCounts[0].expression: the expression of WorkerPool.example.tally.dev's count "ready" does not compile`)
 		assert.Contains(t, out, "ERROR: parents[0].customCounts[0].expression:1:58: undefined field 'stauts'")
-		assert.Contains(t, out, "fix the configuration")
+		assert.Contains(t, out, "the aggregator leaves these custom counts unwritten, and serves everything else")
+		assert.Contains(t, out, "fix these custom counts (helm install and upgrade refuse them)")
+		assert.Contains(t, out, "OK    webhook registration", "the other checks run on the rest of the configuration")
 	})
 
 	// Each case breaks one thing, expects exactly that check to fail, and

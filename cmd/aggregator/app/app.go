@@ -83,12 +83,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if err := opts.validate(); err != nil {
 		return err
 	}
-	// Compiles the custom counts: a configuration whose expressions do
-	// not compile is refused before anything runs.
-	reducer, err := count.NewReducer(cfg.Parents)
-	if err != nil {
-		return err
-	}
+	// A custom count that cannot be kept matches no pod, and is left
+	// unwritten (reported by its kind's reconciler): the rest is served.
+	reducer := count.NewReducer(cfg.Parents)
 	restCfg = rest.CopyConfig(restCfg)
 	sendAppliesOnce(restCfg)
 	if opts.QPS > 0 {

@@ -19,7 +19,7 @@ func (c configCheck) run(ctx context.Context, d *doctor) Check {
 	var invalid *config.InvalidError
 	switch {
 	case errors.As(err, &invalid):
-		return fail(c.name(), "fix the configuration (the aggregator refuses it at start-up, and the webhook too): see docs/configuration.md", "%v", err)
+		return fail(c.name(), "fix the configuration (the aggregator refuses it at start-up, and the webhook too; helm install and upgrade refuse it): see docs/configuration.md", "%v", err)
 	case err != nil:
 		return fail(c.name(), "install the chart, or name its release with --release and --tally-namespace", "%v", err)
 	}
@@ -32,5 +32,9 @@ func (c configCheck) run(ctx context.Context, d *doctor) Check {
 		from = "ConfigMap " + d.tallyNamespace + "/" + d.configMapName()
 	}
 	d.cfg = cfg
+	if err := cfg.CustomCountErrors(); err != nil {
+		return fail(c.name(), "fix these custom counts (helm install and upgrade refuse them): see docs/configuration.md",
+			"%s: the aggregator leaves these custom counts unwritten, and serves everything else: %v", from, err)
+	}
 	return ok(c.name(), "%s: parent kinds %s, verifyOwner %t", from, strings.Join(kinds, ", "), cfg.VerifyOwner)
 }

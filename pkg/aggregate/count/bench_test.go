@@ -107,10 +107,7 @@ func BenchmarkTransform(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	withCustom, err := NewReducer([]config.Parent{customPools})
-	if err != nil {
-		b.Fatal(err)
-	}
+	withCustom := NewReducer([]config.Parent{customPools})
 	for _, tc := range []struct {
 		name    string
 		reducer *Reducer
@@ -133,10 +130,7 @@ func BenchmarkTransform(b *testing.B) {
 // reports bytes per pod.
 func BenchmarkCachedPodMemory(b *testing.B) {
 	raw := benchPods(b, 20_000)
-	withCustom, err := NewReducer([]config.Parent{customPools})
-	if err != nil {
-		b.Fatal(err)
-	}
+	withCustom := NewReducer([]config.Parent{customPools})
 	wholeIndexers := toolscache.Indexers{ParentIndex: func(obj any) ([]string, error) {
 		return []string{obj.(*corev1.Pod).Labels[keys.ParentUID]}, nil
 	}}

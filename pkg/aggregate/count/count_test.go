@@ -18,10 +18,7 @@ import (
 const uid = types.UID("uid-p")
 
 var reducer = func() *Reducer {
-	r, err := NewReducer([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}})
-	if err != nil {
-		panic(err)
-	}
+	r := NewReducer([]config.Parent{{Group: "example.tally.dev", Version: "v1", Kind: "WorkerPool"}})
 	return r
 }()
 

@@ -15,8 +15,10 @@ import (
 
 // customCounts are one kind's custom counts, compiled.
 type customCounts struct {
-	kind     string
-	names    []string
+	kind  string
+	names []string
+	// programs has a nil in the place of a count that cannot be kept
+	// (config.CustomCount.Err): it matches no pod, and has no field.
 	programs []*podexpr.Program
 	errors   []prometheus.Counter
 	// logged is, by count, when an evaluation error was last logged (Unix
@@ -28,17 +30,14 @@ type customCounts struct {
 // count's evaluation errors.
 const errorLogEvery = time.Minute
 
-func newCustomCounts(p config.Parent) (*customCounts, error) {
-	programs, err := p.Programs()
-	if err != nil {
-		return nil, err
-	}
+func newCustomCounts(p config.Parent) *customCounts {
+	programs, _ := p.Programs()
 	c := &customCounts{kind: p.GroupKind().String(), programs: programs, logged: make([]atomic.Int64, len(programs))}
 	for _, cc := range p.CustomCounts {
 		c.names = append(c.names, cc.Name)
 		c.errors = append(c.errors, customCountErrors.WithLabelValues(c.kind, cc.Name))
 	}
-	return c, nil
+	return c
 }
 
 // match returns the bits of the custom counts that match pod. An
@@ -46,6 +45,9 @@ func newCustomCounts(p config.Parent) (*customCounts, error) {
 func (c *customCounts) match(pod *corev1.Pod) uint32 {
 	var bits uint32
 	for i, prg := range c.programs {
+		if prg == nil {
+			continue
+		}
 		ok, err := prg.Match(pod)
 		if err != nil {
 			c.failed(i, pod, err)

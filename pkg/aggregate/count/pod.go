@@ -100,9 +100,9 @@ type Reducer struct {
 	custom map[schema.GroupKind]*customCounts
 }
 
-// NewReducer returns a Reducer for the given parent kinds; an error when
-// a custom count's expression does not compile.
-func NewReducer(parents []config.Parent) (*Reducer, error) {
+// NewReducer returns a Reducer for the given parent kinds. A custom count
+// that cannot be kept (config.CustomCount.Err) matches no pod.
+func NewReducer(parents []config.Parent) *Reducer {
 	kinds := make(map[schema.GroupKind]schema.GroupKind, len(parents))
 	custom := map[schema.GroupKind]*customCounts{}
 	for _, p := range parents {
@@ -110,13 +110,9 @@ func NewReducer(parents []config.Parent) (*Reducer, error) {
 		if len(p.CustomCounts) == 0 {
 			continue
 		}
-		c, err := newCustomCounts(p)
-		if err != nil {
-			return nil, err
-		}
-		custom[p.GroupKind()] = c
+		custom[p.GroupKind()] = newCustomCounts(p)
 	}
-	return &Reducer{kinds: kinds, rules: mutate.NewMutator(parents, nil), custom: custom}, nil
+	return &Reducer{kinds: kinds, rules: mutate.NewMutator(parents, nil), custom: custom}
 }
 
 // Transform is the pod informer's transform: it reduces a *corev1.Pod to a
