@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -54,7 +55,7 @@ func (c *Common) Bind(fs *flag.FlagSet, defaultMetricsAddr string) {
 	fs.StringVar(&c.ConfigFile, "config", "", "Path to the tally configuration file (required).")
 	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", defaultMetricsAddr, "Address of the Prometheus metrics endpoint; 0 disables it.")
 	fs.StringVar(&c.ProbeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 disables them.")
-	fs.BoolVar(&c.CheckConfig, "check-config", false, "Check the --config file as helm install and upgrade do (every custom count included), print the result and exit, non-zero when it is not valid; needs no API server.")
+	fs.BoolVar(&c.CheckConfig, "check-config", false, "Check the --config file as helm install and upgrade do (every custom count included; with an API server to ask, that the parent kinds it serves are namespaced), print the result and exit, non-zero when it is not valid.")
 	fs.BoolVar(&c.MetricsSecure, "metrics-secure", false, "Serve metrics over HTTPS to requesters authorized (TokenReview and SubjectAccessReview) to get /metrics.")
 	c.zap = zap.Options{Development: false}
 	c.zap.BindFlags(fs)
@@ -80,7 +81,10 @@ func (c *Common) Setup() (*config.Config, *rest.Config, error) {
 
 // Check checks the config file with config.Check, which refuses what the
 // binaries leave out (a custom count that cannot be kept) as well as what
-// they refuse, and writes the result to out.
+// they refuse, and writes the result to out. With an API server to ask
+// (--kubeconfig, or in a pod with a token), it refuses a parent kind the
+// API server serves as cluster-scoped too, as the binaries do at start;
+// without one, it says that it did not check that.
 func (c *Common) Check(out io.Writer) error {
 	if c.ConfigFile == "" {
 		return errors.New("--config is required")
@@ -97,8 +101,33 @@ func (c *Common) Check(out io.Writer) error {
 	for i, p := range cfg.Parents {
 		kinds[i] = p.GroupKind().String()
 	}
-	_, err = fmt.Fprintf(out, "config %s is valid: parent kinds %s\n", c.ConfigFile, strings.Join(kinds, ", "))
+	scope := "the parent kinds the API server serves are namespaced"
+	if restCfg, err := ctrl.GetConfig(); err != nil {
+		scope = fmt.Sprintf("whether the parent kinds are namespaced was not checked: no API server to ask (%v)", err)
+	} else if err := checkServedScopes(restCfg, cfg.Parents); err != nil {
+		return fmt.Errorf("config %s: %w", c.ConfigFile, err)
+	}
+	_, err = fmt.Fprintf(out, "config %s is valid: parent kinds %s; %s\n", c.ConfigFile, strings.Join(kinds, ", "), scope)
 	return err
+}
+
+// checkServedScopes is CheckScopes through the API server's discovery, which
+// must answer: a kind it does not serve (yet) is the only one skipped.
+func checkServedScopes(restCfg *rest.Config, parents []config.Parent) error {
+	httpClient, err := rest.HTTPClientFor(restCfg)
+	if err != nil {
+		return err
+	}
+	mapper, err := apiutil.NewDynamicRESTMapper(restCfg, httpClient)
+	if err != nil {
+		return fmt.Errorf("reading the API server's discovery: %w", err)
+	}
+	for i, p := range parents {
+		if _, err := mapper.RESTMapping(p.GroupKind(), p.Version); err != nil && !meta.IsNoMatchError(err) {
+			return fmt.Errorf("parents[%d] (%s): reading the API server's discovery: %w", i, p.GroupVersionKind(), err)
+		}
+	}
+	return CheckScopes(mapper, parents)
 }
 
 // MetricsOptions returns the metrics server options for the bind address

@@ -60,11 +60,18 @@ func TestMain(m *testing.M) {
 	os.Exit(framework.MainWithBinaries(m, controlplane.Options{}, &env, &bin, "webhook", "aggregator", "kubectl-tally"))
 }
 
-// parents are the example WorkerPool, and a kind held back (its CRD is not
-// installed): the aggregator serves the one and reports the other.
+// parents are the example WorkerPool, with a custom count, and a kind held
+// back (its CRD is not installed): the aggregator serves the one and reports
+// the other.
 var parents = []config.Parent{
-	helm.WorkerPool(append(config.Counts, config.Totals...)...),
+	withReady(helm.WorkerPool(append(config.Counts, config.Totals...)...)),
 	{Group: "held.tally.dev", Version: "v1", Kind: "HeldBackPool", Resource: "heldbackpools"},
+}
+
+func withReady(p config.Parent) config.Parent {
+	p.CustomCounts = []config.CustomCount{{Name: "ready", Path: "status.ready",
+		Expression: `has(pod.status.conditions) && pod.status.conditions.exists(c, c.type == "Ready" && c.status == "True")`}}
+	return p
 }
 
 func TestInstallUpgradeUninstall(t *testing.T) {
@@ -85,9 +92,17 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 	// No Job controller runs here: the chart's configuration check hook
 	// runs as a process (runConfigCheck), then helm without hooks.
-	out, err := runConfigCheck(t, valuesFile)
+	out, err := runConfigCheck(t, adminConfig, valuesFile)
 	require.NoError(t, err, out)
-	assert.Contains(t, out, "is valid: parent kinds WorkerPool.example.tally.dev, HeldBackPool.held.tally.dev")
+	assert.Contains(t, out, "is valid: parent kinds WorkerPool.example.tally.dev, HeldBackPool.held.tally.dev; the parent kinds the API server serves are namespaced")
+	// A cluster-scoped kind, which both binaries refuse at start.
+	_, err = helm.WriteValues(dir, []config.Parent{parents[0], {Version: "v1", Kind: "Namespace", Resource: "namespaces"}}, helm.LocalCertificates)
+	require.NoError(t, err)
+	out, err = runConfigCheck(t, adminConfig, valuesFile)
+	require.Error(t, err, out)
+	assert.Contains(t, out, "parents[1] (/v1, Kind=Namespace): the kind is cluster-scoped")
+	_, err = helm.WriteValues(dir, parents, helm.LocalCertificates)
+	require.NoError(t, err)
 	helmRun("install", release, helm.Chart(), "--namespace", ns, "--create-namespace", "-f", valuesFile, "--no-hooks")
 
 	// The installed config and certificates, for the binaries.
@@ -157,14 +172,14 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	badCount.CustomCounts = []config.CustomCount{{Name: "ready", Path: "status.ready", Expression: `pod.status.ready`}}
 	_, err = helm.WriteValues(dir, []config.Parent{badCount}, helm.LocalCertificates)
 	require.NoError(t, err)
-	out, err = runConfigCheck(t, valuesFile)
+	out, err = runConfigCheck(t, adminConfig, valuesFile)
 	require.Error(t, err, out)
 	assert.Contains(t, out, `aggregator: config /etc/tally/config.yaml: parents[0].customCounts[0].expression: the expression of WorkerPool.example.tally.dev's count "ready" does not compile`)
 	assert.Contains(t, out, "ERROR: parents[0].customCounts[0].expression:1:11: undefined field 'ready'")
 
 	_, err = helm.WriteValues(dir, upgraded, helm.LocalCertificates, map[string]any{"logLevel": "debug"})
 	require.NoError(t, err)
-	out, err = runConfigCheck(t, valuesFile)
+	out, err = runConfigCheck(t, adminConfig, valuesFile)
 	require.NoError(t, err, out)
 	helmRun("upgrade", release, helm.Chart(), "--namespace", ns, "-f", valuesFile, "--no-hooks")
 	var after appsv1.Deployment
@@ -199,10 +214,12 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 // runConfigCheck runs the command of the chart's configuration check hook
 // (its pre-install, pre-upgrade and pre-rollback Job) on the values in
-// valuesFile, as a process, with the ConfigMap the hook mounts at the path
-// it mounts it (a file here); it returns the command's output, and an
-// error when it fails (helm then stops, and prints that output).
-func runConfigCheck(t *testing.T, valuesFile string) (string, error) {
+// valuesFile, as a process, as the hook's ServiceAccount (which no RBAC
+// binding names: created only for the API server to know it), with the
+// ConfigMap the hook mounts at the path it mounts it (a file here); it
+// returns the command's output, and an error when it fails (helm then
+// stops, and prints that output).
+func runConfigCheck(t *testing.T, adminConfig []byte, valuesFile string) (string, error) {
 	t.Helper()
 	manifest, err := helm.Run("template", release, helm.Chart(), "--namespace", ns, "-f", valuesFile,
 		"--show-only", "templates/check-config-hook.yaml")
@@ -211,23 +228,30 @@ func runConfigCheck(t *testing.T, valuesFile string) (string, error) {
 	require.NoError(t, err)
 	var job batchv1.Job
 	var cm corev1.ConfigMap
+	var sa string
 	for _, obj := range objs {
 		switch obj.GetKind() {
 		case "Job":
 			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &job))
 		case "ConfigMap":
 			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &cm))
+		case "ServiceAccount":
+			sa = obj.GetName()
 		}
 	}
+	require.Equal(t, sa, job.Spec.Template.Spec.ServiceAccountName, "the Job runs as the hook's ServiceAccount")
 	require.Len(t, job.Spec.Template.Spec.Containers, 1, "the hook's Job")
 	container := job.Spec.Template.Spec.Containers[0]
 	require.Len(t, container.Command, 1)
 	require.Len(t, container.VolumeMounts, 1)
 	require.Equal(t, cm.Name, job.Spec.Template.Spec.Volumes[0].ConfigMap.Name, "the Job mounts the hook's ConfigMap")
-	// The ConfigMap's files where the Job's container reads them.
+	// The ConfigMap's files where the Job's container reads them, and the
+	// ServiceAccount's identity as its in-cluster token would give it.
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cm.Data["config.yaml"]), 0o600))
-	var args []string
+	kubeconfig := filepath.Join(dir, "hook.kubeconfig")
+	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, sa, kubeconfig))
+	args := []string{"--kubeconfig", kubeconfig}
 	for _, a := range container.Args {
 		args = append(args, strings.ReplaceAll(a, container.VolumeMounts[0].MountPath, dir))
 	}
