@@ -200,6 +200,10 @@ func TestRealCluster(t *testing.T) {
 		require.NoError(t, c.Delete(ctx, pool))
 	})
 
+	t.Run("a custom count that does not compile: helm upgrade refuses it, a ConfigMap edited into it stops nothing", func(t *testing.T) {
+		customCountTypo(ctx, t, c, cluster, valuesDir, fig)
+	})
+
 	t.Run("kubectl tally doctor and explain on a healthy install", func(t *testing.T) {
 		// doctor connects to a webhook pod through a port-forward, as the
 		// API server would through the Service.
