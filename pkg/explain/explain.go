@@ -56,6 +56,16 @@ type Report struct {
 	// server keeps them) of the parent's finished pods it released without
 	// counting them in the totals.
 	Uncounted []string `json:"uncounted,omitempty"`
+	// Unkept are the kind's custom counts the aggregator cannot keep
+	// (config.CustomCount.Err): it leaves their fields unwritten.
+	Unkept []Unkept `json:"unkept,omitempty"`
+}
+
+// Unkept is a custom count the aggregator cannot keep, and why.
+type Unkept struct {
+	Count config.Count `json:"count"`
+	Path  string       `json:"path"`
+	Error string       `json:"error"`
 }
 
 // Parent identifies the parent.
@@ -189,6 +199,9 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		r.Equal = r.Equal && field.Equal()
 		r.Fields = append(r.Fields, field)
 	}
+	for _, c := range p.Broken() {
+		r.Unkept = append(r.Unkept, Unkept{Count: config.Count(c.Name), Path: c.Path, Error: c.Err.Error()})
+	}
 	if p.Tracked() {
 		r.Ledger = &Ledger{Path: p.Ledger}
 		book, err := ledger.ReadBook(parent.Object, p.LedgerPath(), p.Fields())
@@ -207,18 +220,13 @@ type customField struct {
 	program *podexpr.Program
 }
 
-// customFields compiles p's custom counts; a count whose expression does
-// not compile (the configuration was not checked) fails on every pod.
+// customFields compiles p's custom counts; a count that cannot be kept
+// has no program, and no field either (config.Parent.Fields).
 func customFields(p config.Parent) []*customField {
+	programs, _ := p.Programs()
 	out := make([]*customField, len(p.CustomCounts))
 	for i, c := range p.CustomCounts {
-		out[i] = &customField{field: Field{Count: config.Count(c.Name), Path: c.Path, Expression: c.Expression}}
-		prg, err := podexpr.Compile(c.Expression, c.Name)
-		if err != nil {
-			out[i].field.Failed = []string{"(every pod): the expression " + err.Error()}
-			continue
-		}
-		out[i].program = prg
+		out[i] = &customField{field: Field{Count: config.Count(c.Name), Path: c.Path, Expression: c.Expression}, program: programs[i]}
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package explain
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -149,6 +150,17 @@ func TestExplain(t *testing.T) {
 		custom = r.Fields[len(r.Fields)-1]
 		assert.True(t, custom.WaitsOnUnstamped, "a pod the aggregator cannot evaluate")
 		assert.Equal(t, int64(2), custom.Fresh, "the fresh count includes it")
+	})
+	t.Run("a custom count the aggregator cannot keep", func(t *testing.T) {
+		withBroken := parentKind
+		withBroken.CustomCounts = []config.CustomCount{
+			{Name: "ready", Path: "status.ready", Expression: `pod.status.ready`, Err: errors.New("parents[0].customCounts[0].expression: does not compile")},
+		}
+		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1), "unexpected": int64(1)}), withBroken, pods)
+		for _, f := range r.Fields {
+			assert.NotEqual(t, config.Count("ready"), f.Count, "a count left unwritten is not compared")
+		}
+		assert.Equal(t, []Unkept{{Count: "ready", Path: "status.ready", Error: "parents[0].customCounts[0].expression: does not compile"}}, r.Unkept)
 	})
 	t.Run("field absent", func(t *testing.T) {
 		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1)}), parentKind, pods)

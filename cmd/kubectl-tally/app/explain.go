@@ -195,6 +195,10 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 	}
 	w.Flush()
 	writeCustom(out, r.Fields)
+	for _, u := range r.Unkept {
+		fmt.Fprintf(out, "\nCustom count %s (%s): not kept, its field left unwritten (fix the configuration; kubectl tally doctor):\n  %s\n",
+			u.Count, u.Path, strings.ReplaceAll(u.Error, "\n", "\n  "))
+	}
 	if len(r.Totals) > 0 {
 		fmt.Fprintln(out)
 		w = printers.GetNewTabWriter(out)
