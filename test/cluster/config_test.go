@@ -10,9 +10,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/examples/workerpool/operator"
@@ -124,6 +126,12 @@ func customCountTypo(ctx context.Context, t *testing.T, c client.Client, cluster
 	require.NoError(t, c.Get(ctx, cmKey, cm))
 	require.Equal(t, before, cm.Data["config.yaml"], "helm upgrade did not put the ConfigMap back")
 	restart(ctx, t, c)
+	ok = poll(3*time.Minute, func() bool {
+		var settled bool
+		settled, last = allSettled(ctx, c, []string{"alpha", "beta", "gamma", "burst"})
+		return settled
+	})
+	require.True(t, ok, "back as installed, the pools did not settle:%s", last)
 }
 
 // deploymentGenerations returns the generation of tally's two Deployments.
@@ -138,7 +146,8 @@ func deploymentGenerations(ctx context.Context, t *testing.T, c client.Client) m
 }
 
 // restart rolls tally's two Deployments, as kubectl rollout restart does,
-// and waits until both are ready.
+// and waits until both are ready and an aggregator of the new ones holds
+// the lease.
 func restart(ctx context.Context, t *testing.T, c client.Client) {
 	at := time.Now().Format(time.RFC3339Nano)
 	for _, d := range []string{"webhook", "aggregator"} {
@@ -150,6 +159,18 @@ func restart(ctx context.Context, t *testing.T, c client.Client) {
 	for _, d := range []string{"webhook", "aggregator"} {
 		waitReady(ctx, t, c, helm.Release+"-"+d)
 	}
+	var holder string
+	ok := poll(time.Minute, func() bool {
+		var lease coordinationv1.Lease
+		if c.Get(ctx, client.ObjectKey{Namespace: helm.Namespace, Name: helm.Release + "-aggregator"}, &lease) != nil {
+			return false
+		}
+		holder, _, _ = strings.Cut(ptr.Deref(lease.Spec.HolderIdentity, ""), "_")
+		var pod corev1.Pod
+		return holder != "" && c.Get(ctx, client.ObjectKey{Namespace: helm.Namespace, Name: holder}, &pod) == nil &&
+			pod.DeletionTimestamp == nil && pod.Annotations["kubectl.kubernetes.io/restartedAt"] == at
+	})
+	require.True(t, ok, "no restarted aggregator holds the lease (holder: %q)", holder)
 }
 
 // readyPods counts the pods of the pool with UID uid whose Ready condition
