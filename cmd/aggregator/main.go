@@ -29,6 +29,11 @@ func main() {
 	flag.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "How many parents of one kind are reconciled at once; one parent is never reconciled twice at once.")
 	command.Main("aggregator", func() error {
 		if common.CheckConfig {
+			// The flags the chart passes too: a value the aggregator
+			// refuses at start is refused before anything changes.
+			if err := opts.Validate(); err != nil {
+				return err
+			}
 			return common.Check(os.Stdout)
 		}
 		cfg, restCfg, err := common.Setup()

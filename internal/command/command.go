@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/rest"
@@ -112,23 +113,39 @@ func (c *Common) Check(out io.Writer) error {
 }
 
 // checkServedScopes is CheckScopes through the API server's discovery, which
-// must answer: a kind it does not serve (yet) is the only one skipped.
+// must answer, within discoveryAttempts tries: a kind it does not serve
+// (yet) is the only one skipped.
 func checkServedScopes(restCfg *rest.Config, parents []config.Parent) error {
 	httpClient, err := rest.HTTPClientFor(restCfg)
 	if err != nil {
 		return err
 	}
-	mapper, err := apiutil.NewDynamicRESTMapper(restCfg, httpClient)
-	if err != nil {
-		return fmt.Errorf("reading the API server's discovery: %w", err)
-	}
-	for i, p := range parents {
-		if _, err := mapper.RESTMapping(p.GroupKind(), p.Version); err != nil && !meta.IsNoMatchError(err) {
-			return fmt.Errorf("parents[%d] (%s): reading the API server's discovery: %w", i, p.GroupVersionKind(), err)
+	var mapper meta.RESTMapper
+	for attempt := 1; ; attempt++ {
+		err = nil
+		if mapper, err = apiutil.NewDynamicRESTMapper(restCfg, httpClient); err == nil {
+			for i, p := range parents {
+				if _, mapErr := mapper.RESTMapping(p.GroupKind(), p.Version); mapErr != nil && !meta.IsNoMatchError(mapErr) {
+					err = fmt.Errorf("parents[%d] (%s): %w", i, p.GroupVersionKind(), mapErr)
+					break
+				}
+			}
 		}
+		if err == nil {
+			return CheckScopes(mapper, parents)
+		}
+		if attempt == discoveryAttempts {
+			return fmt.Errorf("reading the API server's discovery, %d times: %w", attempt, err)
+		}
+		time.Sleep(discoveryRetry)
 	}
-	return CheckScopes(mapper, parents)
 }
+
+// discoveryAttempts and discoveryRetry bound checkServedScopes' tries.
+const (
+	discoveryAttempts = 3
+	discoveryRetry    = 2 * time.Second
+)
 
 // MetricsOptions returns the metrics server options for the bind address
 // addr, served securely when secure is set.

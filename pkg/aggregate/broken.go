@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,6 +20,10 @@ import (
 // brokenWarnEvery is the least time between two Events about one parent's
 // custom counts that cannot be kept.
 const brokenWarnEvery = time.Hour
+
+// maxNote is the longest note the API server takes in an Event
+// (events.k8s.io/v1); a longer one is refused, and the Event lost.
+const maxNote = 1024
 
 // brokenCounts are the custom counts of one kind that the aggregator cannot
 // keep (config.CustomCount.Err: a ConfigMap edited by hand, a rollback to
@@ -38,6 +43,32 @@ type brokenCounts struct {
 	// forgotten.
 	warned map[types.UID]time.Time
 	pruned time.Time
+}
+
+// CustomCountReports are the custom counts of each kind that the
+// aggregator cannot keep, reported once per process: the managers it
+// starts again (after a lost lease, an outage) share them, so that a
+// parent is warned at most once per brokenWarnEvery whatever happens.
+type CustomCountReports struct {
+	kinds map[schema.GroupKind]*brokenCounts
+}
+
+// NewCustomCountReports logs and exports the custom counts of parents that
+// cannot be kept.
+func NewCustomCountReports(parents []config.Parent) *CustomCountReports {
+	r := &CustomCountReports{kinds: map[schema.GroupKind]*brokenCounts{}}
+	for _, p := range parents {
+		r.kinds[p.GroupKind()] = newBrokenCounts(p)
+	}
+	return r
+}
+
+// of returns the broken custom counts of p; r nil reports them anew.
+func (r *CustomCountReports) of(p config.Parent) *brokenCounts {
+	if r == nil {
+		return newBrokenCounts(p)
+	}
+	return r.kinds[p.GroupKind()]
 }
 
 // newBrokenCounts returns the broken custom counts of p, reported; nil when
@@ -60,11 +91,16 @@ func newBrokenCounts(p config.Parent) *brokenCounts {
 	for _, c := range broken {
 		log.Error(c.Err, "A custom count cannot be kept: its field is left unwritten, the kind's other counts, totals and releases are served (fix the configuration: kubectl tally doctor shows the error)",
 			"kind", kind, "count", c.Name)
-		parts = append(parts, fmt.Sprintf("%q (%v)", c.Name, c.Err))
+		parts = append(parts, fmt.Sprintf("%q (%s)", c.Name, oneLine(c.Err)))
+	}
+	message := fmt.Sprintf("tally leaves unwritten the custom counts of %s it cannot keep (the aggregator's log and kubectl tally doctor give each error): %s",
+		kind, strings.Join(parts, "; "))
+	if len(message) > maxNote {
+		message = strings.ToValidUTF8(message[:maxNote-len("…")], "") + "…"
 	}
 	return &brokenCounts{
 		kind:    kind,
-		message: fmt.Sprintf("tally leaves unwritten the custom counts of %s it cannot keep: %s", kind, strings.Join(parts, "; ")),
+		message: message,
 		warned:  map[types.UID]time.Time{},
 		pruned:  time.Now(),
 	}
@@ -94,4 +130,16 @@ func (b *brokenCounts) warn(recorder events.EventRecorder, parent runtime.Object
 	if due {
 		recorder.Eventf(parent, nil, corev1.EventTypeWarning, "CustomCountInvalid", "ApplyCounts", "%s", b.message)
 	}
+}
+
+// oneLine is err on one line, without the lines that quote the expression
+// and point at a column in it (CEL's " | ..." lines).
+func oneLine(err error) string {
+	var kept []string
+	for line := range strings.Lines(err.Error()) {
+		if line = strings.TrimRight(line, "\n"); !strings.HasPrefix(line, " | ") {
+			kept = append(kept, line)
+		}
+	}
+	return strings.Join(kept, " ")
 }

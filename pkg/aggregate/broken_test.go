@@ -1,6 +1,8 @@
 package aggregate
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +27,14 @@ func TestBrokenCountsWarnEachParentAtMostHourly(t *testing.T) {
 	require.NotNil(t, b)
 	assert.Nil(t, newBrokenCounts(config.Parent{Group: "example.tally.dev", Version: "v1", Kind: "FinePool"}))
 
+	long := "parents: [{group: example.tally.dev, version: v1, kind: LongPool, customCounts: ["
+	for i := range 8 {
+		long += fmt.Sprintf("{name: c%d, path: status.c%d, expression: 'pod.status.nope%d == \"%s\"'},", i, i, i, strings.Repeat("x", 200))
+	}
+	cfg, err = config.Parse([]byte(long + "]}]"))
+	require.NoError(t, err)
+	assert.LessOrEqual(t, len(newBrokenCounts(cfg.Parents[0]).message), maxNote, "the API server refuses a longer note, and the Event is lost")
+
 	recorder := events.NewFakeRecorder(10)
 	parent := &corev1.Pod{} // any object: the fake recorder does not read it
 	start := time.Now()
@@ -45,7 +55,9 @@ func TestBrokenCountsWarnEachParentAtMostHourly(t *testing.T) {
 		select {
 		case e := <-recorder.Events:
 			require.True(t, s.warns, "step %d warned again within the hour: %s", i, e)
-			assert.Contains(t, e, `Warning CustomCountInvalid tally leaves unwritten the custom counts of BrokenPool.example.tally.dev it cannot keep: "ready" (parents[0].customCounts[0].expression:`)
+			assert.Contains(t, e, `Warning CustomCountInvalid tally leaves unwritten the custom counts of BrokenPool.example.tally.dev it cannot keep `+
+				`(the aggregator's log and kubectl tally doctor give each error): "ready" (parents[0].customCounts[0].expression: `+
+				`the expression of BrokenPool.example.tally.dev's count "ready" does not compile: ERROR: parents[0].customCounts[0].expression:1:11: undefined field 'ready')`)
 			assert.NotContains(t, e, "running")
 		default:
 			require.False(t, s.warns, "step %d did not warn", i)

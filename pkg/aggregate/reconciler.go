@@ -82,6 +82,9 @@ type Deps struct {
 	// fresh: a count is written only in the epoch it was taken in.
 	ViewEpoch func() uint64
 	Recorder  events.EventRecorder
+	// Reports, shared by the managers of one process, are the custom
+	// counts that cannot be kept; nil: the reconciler reports its own.
+	Reports *CustomCountReports
 	// Totals, for a kind with totals, tells whether the API server serves
 	// them (servable.Gate); while it does not, the counts are kept, the
 	// totals left as they are, and the pods' finalizers released by

@@ -99,6 +99,10 @@ type Options struct {
 	// answered 409 Conflict while the parent's cache lags behind the
 	// writes before it.
 	NewCache cache.NewCacheFunc
+	// CustomCountReports are the process's reports of the custom counts
+	// that cannot be kept (NewCustomCountReports); nil: each reconciler
+	// reports its own.
+	CustomCountReports *CustomCountReports
 }
 
 // Setup adds the pod index, the backfill sweep and one controller per
@@ -257,7 +261,7 @@ func (k *kinds) serve(ctx context.Context, p config.Parent) (*servable.Problem, 
 	r := NewReconciler(p, Deps{
 		Parents: k.parents, Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
 		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite, ViewEpoch: k.opts.ViewEpoch,
-		Recorder: k.recorder, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, recording: k.recording, observed: k.observed,
+		Recorder: k.recorder, Reports: k.opts.CustomCountReports, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, recording: k.recording, observed: k.observed,
 	})
 	b := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	yamlv3 "go.yaml.in/yaml/v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -261,20 +262,22 @@ func (e *InvalidError) Unwrap() error { return e.Err }
 // only the aggregator's counting reads cannot stop the webhook, nor the
 // aggregator's other work. Check refuses them too.
 func Parse(data []byte) (*Config, error) {
-	doc, customKeys, err := checkKeys(data)
+	rest, custom, err := takeCustomCounts(data)
 	if err != nil {
+		return nil, &InvalidError{fmt.Errorf("decoding: %w", err)}
+	}
+	if err := checkKeys(rest); err != nil {
 		return nil, &InvalidError{err}
 	}
 	var cfg Config
-	if err := yaml.UnmarshalStrict(doc, &cfg); err != nil {
+	if err := yaml.UnmarshalStrict(rest, &cfg); err != nil {
 		return nil, &InvalidError{fmt.Errorf("decoding: %w", err)}
+	}
+	for i, counts := range custom {
+		cfg.Parents[i].CustomCounts = counts
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, &InvalidError{err}
-	}
-	for at, err := range customKeys {
-		c := &cfg.Parents[at[0]].CustomCounts[at[1]]
-		c.Err = errors.Join(err, c.Err)
 	}
 	if cfg.NamespaceSelector == nil {
 		cfg.NamespaceSelector = DefaultNamespaceSelector()
@@ -309,14 +312,11 @@ var (
 )
 
 // checkKeys rejects keys the schema does not know, naming each by its path.
-// Those of a custom count are returned apart, by parent and count index,
-// and left out of the document it returns (as JSON).
-func checkKeys(data []byte) ([]byte, map[[2]int]error, error) {
+func checkKeys(data []byte) error {
 	var doc map[string]any
 	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
-		return nil, nil, fmt.Errorf("decoding: %w", err)
+		return fmt.Errorf("decoding: %w", err)
 	}
-	countKeys := map[[2]int]error{}
 	var errs []error
 	for _, k := range slices.Sorted(maps.Keys(doc)) {
 		if !slices.Contains(topKeys, k) {
@@ -331,22 +331,112 @@ func checkKeys(data []byte) ([]byte, map[[2]int]error, error) {
 				errs = append(errs, fmt.Errorf("parents[%d].%s: unknown key", i, k))
 			}
 		}
-		custom, _ := fields["customCounts"].([]any)
-		for j, c := range custom {
-			fields, _ := c.(map[string]any)
-			for _, k := range slices.Sorted(maps.Keys(fields)) {
-				if !slices.Contains(customKeys, k) {
-					countKeys[[2]int{i, j}] = errors.Join(countKeys[[2]int{i, j}], fmt.Errorf("parents[%d].customCounts[%d].%s: unknown key", i, j, k))
-					delete(fields, k)
-				}
+	}
+	return errors.Join(errs...)
+}
+
+// takeCustomCounts takes each parent's customCounts out of the document
+// data, and decodes every custom count on its own: a count that does not
+// decode (a key twice, an unknown key, a value of the wrong type, an item
+// that is not a map) gets the problem as its Err, as does a customCounts
+// that is not a list. It returns the rest of the document, whose decoding
+// is as strict as ever, and the custom counts by parent index.
+func takeCustomCounts(data []byte) ([]byte, map[int][]CustomCount, error) {
+	var root yamlv3.Node
+	if err := yamlv3.Unmarshal(data, &root); err != nil {
+		return nil, nil, err
+	}
+	if root.Kind != yamlv3.DocumentNode || len(root.Content) != 1 || root.Content[0].Kind != yamlv3.MappingNode {
+		return data, nil, nil // the strict decoding says what is wrong
+	}
+	parents := mappingValue(root.Content[0], "parents")
+	if parents == nil || parents.Kind != yamlv3.SequenceNode {
+		return data, nil, nil
+	}
+	custom := map[int][]CustomCount{}
+	for i, p := range parents.Content {
+		if p.Kind != yamlv3.MappingNode {
+			continue
+		}
+		var keep []*yamlv3.Node
+		var list []*yamlv3.Node
+		for k := 0; k+1 < len(p.Content); k += 2 {
+			if p.Content[k].Value == "customCounts" {
+				list = append(list, p.Content[k+1])
+				continue
 			}
+			keep = append(keep, p.Content[k], p.Content[k+1])
+		}
+		if len(list) != 1 {
+			continue // none, or the key twice: the strict decoding refuses that
+		}
+		p.Content = keep
+		custom[i] = decodeCustomCounts(fmt.Sprintf("parents[%d].customCounts", i), list[0])
+	}
+	if len(custom) == 0 {
+		return data, nil, nil
+	}
+	rest, err := yamlv3.Marshal(&root)
+	return rest, custom, err
+}
+
+// mappingValue returns the value of key in the mapping node m; nil if m has
+// no such key.
+func mappingValue(m *yamlv3.Node, key string) *yamlv3.Node {
+	for k := 0; k+1 < len(m.Content); k += 2 {
+		if m.Content[k].Value == key {
+			return m.Content[k+1]
 		}
 	}
-	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
+	return nil
+}
+
+// decodeCustomCounts decodes the custom counts of the node list, at key.
+func decodeCustomCounts(key string, list *yamlv3.Node) []CustomCount {
+	switch {
+	case list.Kind == yamlv3.ScalarNode && list.Tag == "!!null":
+		return nil
+	case list.Kind != yamlv3.SequenceNode:
+		return []CustomCount{{Err: fmt.Errorf("%s: not a list of custom counts", key)}}
 	}
-	cleaned, err := json.Marshal(doc)
-	return cleaned, countKeys, err
+	out := make([]CustomCount, len(list.Content))
+	for j, item := range list.Content {
+		out[j] = decodeCustomCount(fmt.Sprintf("%s[%d]", key, j), item)
+	}
+	return out
+}
+
+// decodeCustomCount decodes one custom count, at key; what does not decode
+// is its Err.
+func decodeCustomCount(key string, item *yamlv3.Node) CustomCount {
+	data, err := yamlv3.Marshal(item)
+	if err != nil {
+		return CustomCount{Err: fmt.Errorf("%s: %w", key, err)}
+	}
+	var fields map[string]any
+	if err := yaml.UnmarshalStrict(data, &fields); err != nil {
+		return CustomCount{Err: fmt.Errorf("%s: not a custom count (name, path, expression): %w", key, err)}
+	}
+	var c CustomCount
+	var errs []error
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		if !slices.Contains(customKeys, k) {
+			errs = append(errs, fmt.Errorf("%s.%s: unknown key", key, k))
+			delete(fields, k)
+		}
+	}
+	known, err := json.Marshal(fields)
+	if err == nil {
+		err = yaml.UnmarshalStrict(known, &c)
+	}
+	if err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", key, err))
+		// What can be read of it, for the reports.
+		c.Name, _ = fields["name"].(string)
+		c.Path, _ = fields["path"].(string)
+	}
+	c.Err = errors.Join(errs...)
+	return c
 }
 
 var (
@@ -469,7 +559,7 @@ func validateCustomCounts(at, kind string, custom []CustomCount, mapPath func(ke
 	for i := range custom {
 		c := &custom[i]
 		key := fmt.Sprintf("%s.customCounts[%d]", at, i)
-		var errs []error
+		errs := []error{c.Err} // what its decoding found
 		if i >= MaxCustomCounts {
 			errs = append(errs, fmt.Errorf("%s: %s has more than %d custom counts, the most one kind may have", key, kind, MaxCustomCounts))
 		}
@@ -487,7 +577,7 @@ func validateCustomCounts(at, kind string, custom []CustomCount, mapPath func(ke
 		}
 		if c.Path == "" {
 			errs = append(errs, fmt.Errorf("%s.path: required (e.g. status.%s)", key, cmp.Or(c.Name, "ready")))
-		} else if len(errs) == 0 {
+		} else if errors.Join(errs...) == nil {
 			// A count kept no further takes no path: the counts after
 			// it may use it.
 			errs = append(errs, mapPath(key+".path", cmp.Or(c.Name, "ready"), c.Path))

@@ -188,6 +188,18 @@ func TestParseCustomCountErrors(t *testing.T) {
 			counts:  "{name: ready, path: status.ready, expr: 'true'}",
 			wantErr: `parents[0].customCounts[0].expr: unknown key`,
 		},
+		"a key twice in a custom count": {
+			counts:  "{name: ready, path: status.ready, expression: 'true', name: up}",
+			wantErr: `parents[0].customCounts[0]: not a custom count (name, path, expression):`,
+		},
+		"a value of the wrong type": {
+			counts:  "{name: ready, path: status.ready, expression: [true]}",
+			wantErr: `parents[0].customCounts[0]: error unmarshaling JSON: while decoding JSON: json: cannot unmarshal array into Go struct field CustomCount.expression of type string`,
+		},
+		"an item that is not a map": {
+			counts:  "ready",
+			wantErr: `parents[0].customCounts[0]: not a custom count (name, path, expression):`,
+		},
 		"custom count without a name": {
 			counts:  "{path: status.ready, expression: 'true'}",
 			wantErr: `parents[0].customCounts[0].name: required`,
@@ -257,6 +269,34 @@ func TestParseCustomCountErrors(t *testing.T) {
 			require.ErrorAs(t, err, &invalid)
 			assert.Contains(t, err.Error(), tc.wantErr)
 		})
+	}
+}
+
+// TestParseCustomCountsApart: customCounts that is not a list is one
+// count in error, the kind's other settings kept; everything outside
+// custom counts decodes as strictly as before.
+func TestParseCustomCountsApart(t *testing.T) {
+	cfg, err := Parse([]byte("parents: [{version: v1, kind: A, counts: {active: status.active}, customCounts: {name: ready}}]\n"))
+	require.NoError(t, err)
+	p := cfg.Parents[0]
+	assert.Equal(t, map[Count]string{Active: "status.active"}, p.Counts)
+	require.Len(t, p.CustomCounts, 1)
+	require.ErrorContains(t, p.CustomCounts[0].Err, "parents[0].customCounts: not a list of custom counts")
+
+	cfg, err = Parse([]byte("parents: [{version: v1, kind: A, customCounts: }]\nverifyOwner: yes\nnamespaceSelector: {matchLabels: {'team': '007'}}\n"))
+	require.NoError(t, err)
+	assert.Empty(t, cfg.Parents[0].CustomCounts)
+	assert.True(t, cfg.VerifyOwner, "YAML 1.1's yes, as before")
+	assert.Equal(t, map[string]string{"team": "007"}, cfg.NamespaceSelector.MatchLabels)
+
+	for doc, want := range map[string]string{
+		"parents: [{version: v1, kind: A}]\nverifyOwner: true\nverifyOwner: false\n":                                       `"verifyOwner" already set in map`,
+		"parents: [{version: v1, kind: A, customCounts: [], customCounts: []}]\n":                                          `"customCounts" already set in map`,
+		"parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expression: 'true'}]}]\nx: 1\n": "x: unknown key",
+		"parents: [{version: v1, kind: A, counts: [active]}]\n":                                                            "cannot unmarshal array",
+	} {
+		_, err := Parse([]byte(doc))
+		assert.ErrorContains(t, err, want, doc)
 	}
 }
 

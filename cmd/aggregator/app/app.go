@@ -80,12 +80,13 @@ const DefaultLeaderElectionID = "tally-aggregator"
 func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Options) error {
 	log := ctrl.Log.WithName("aggregator")
 	ctx = ctrl.LoggerInto(ctx, log)
-	if err := opts.validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return err
 	}
 	// A custom count that cannot be kept matches no pod, and is left
-	// unwritten (reported by its kind's reconciler): the rest is served.
+	// unwritten: the rest is served. It is reported once per process.
 	reducer := count.NewReducer(cfg.Parents)
+	reports := aggregate.NewCustomCountReports(cfg.Parents)
 	restCfg = rest.CopyConfig(restCfg)
 	sendAppliesOnce(restCfg)
 	if opts.QPS > 0 {
@@ -131,7 +132,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	backoff := restartBackoff{min: 500 * time.Millisecond, max: 2 * time.Second}
 	for {
 		start := time.Now()
-		err := runManager(ctx, cfg, reducer, restCfg, opts, view, apiClock.Now, identity, &p)
+		err := runManager(ctx, cfg, reducer, reports, restCfg, opts, view, apiClock.Now, identity, &p)
 		p.set(nil)
 		if ctx.Err() != nil {
 			log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
@@ -159,8 +160,8 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 // cannot help, the aggregator exits.
 var errConfig = errors.New("the configuration cannot be served")
 
-// validate checks the options and fills in their defaults.
-func (opts *Options) validate() error {
+// Validate checks the options and fills in their defaults.
+func (opts *Options) Validate() error {
 	if opts.MaxConcurrentReconciles < 1 {
 		return fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", opts.MaxConcurrentReconciles)
 	}
@@ -195,7 +196,7 @@ func (opts *Options) validate() error {
 }
 
 // runManager runs one manager until ctx is done or it stops.
-func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer, restCfg *rest.Config, opts Options, view *freshness.Monitor, serverNow func() time.Time, identity string, p *probes) error {
+func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer, reports *aggregate.CustomCountReports, restCfg *rest.Config, opts Options, view *freshness.Monitor, serverNow func() time.Time, identity string, p *probes) error {
 	log := ctrl.LoggerFrom(ctx)
 	// The watchdog runs from before the manager starts: a first sync that
 	// never ends is a stall too.
@@ -222,6 +223,7 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer,
 	aggOpts := aggregate.Options{
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles, BackfillInterval: opts.BackfillInterval, VerifyOwner: cfg.VerifyOwner,
 		TrackingGrace: opts.TrackingGrace, Namespaces: cfg.Namespaces(), NewCache: mgrOpts.NewCache, ServerNow: serverNow,
+		CustomCountReports: reports,
 		// Never from a pod view not known to be fresh: a parent event
 		// while the pod watch is broken would be counted from pods that
 		// moved since.
