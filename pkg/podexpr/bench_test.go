@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/common/types"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,15 +18,31 @@ import (
 // calls it on each pod it watches, which reads the typed pod through
 // reflection as the expression asks; the same evaluations on the pod
 // converted beforehand into the map CEL reads directly (what is left is the
-// evaluation alone); and that conversion, paid on each pod instead.
+// evaluation alone), with the runtime cost tracking that bounds each
+// evaluation (CostLimit) and without it; and that conversion, paid on each
+// pod instead.
 func BenchmarkMatch(b *testing.B) {
+	env, err := newEnv()
+	if err != nil {
+		b.Fatal(err)
+	}
 	var programs []*Program
+	var untracked []cel.Program
 	for _, e := range []string{`has(pod.status.conditions) && ` + ready, `has(pod.status.containerStatuses) && ` + restarted} {
 		p, err := Compile(e, "bench")
 		if err != nil {
 			b.Fatal(err)
 		}
 		programs = append(programs, p)
+		ast, issues := env.Compile(e)
+		if issues.Err() != nil {
+			b.Fatal(issues.Err())
+		}
+		prg, err := env.Program(ast)
+		if err != nil {
+			b.Fatal(err)
+		}
+		untracked = append(untracked, prg)
 	}
 	pod := builder.RealisticPod(builder.Pod("ns", "pool-a-00001"))
 	pod.Status.Phase = corev1.PodRunning
@@ -54,6 +71,15 @@ func BenchmarkMatch(b *testing.B) {
 		for b.Loop() {
 			for _, p := range programs {
 				if _, _, err := p.prg.Eval(map[string]any{Var: types.DefaultTypeAdapter.NativeToValue(converted)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	b.Run("evaluation alone, without cost tracking", func(b *testing.B) {
+		for b.Loop() {
+			for _, p := range untracked {
+				if _, _, err := p.Eval(map[string]any{Var: types.DefaultTypeAdapter.NativeToValue(converted)}); err != nil {
 					b.Fatal(err)
 				}
 			}
