@@ -121,8 +121,9 @@ type CustomCount struct {
 	// Expression is a boolean CEL expression over the pod (package
 	// podexpr), checked by Parse.
 	Expression string `json:"expression"`
-	// Err is why the count cannot be kept (its name, path or expression,
-	// an unknown key), found by Parse; nil for a valid count. Only the
+	// Err is why the count cannot be kept (it does not decode, or its
+	// name, path or expression is not valid), found by Parse; nil for a
+	// valid count. Only the
 	// aggregator's counting reads custom counts: it leaves a count with an
 	// Err unwritten and serves the others, the webhook ignores them, and
 	// Check refuses the configuration.
@@ -257,8 +258,8 @@ func (e *InvalidError) Unwrap() error { return e.Err }
 // Parse decodes a configuration document, rejecting unknown keys, validates
 // it and applies defaults. Its error is an *InvalidError.
 //
-// A custom count's own problems (its keys, name, path or expression) do not
-// make the document invalid: they are the count's Err, so that a mistake
+// A custom count's own problems (its keys and values, name, path or
+// expression) do not make the document invalid: they are the count's Err, so that a mistake
 // only the aggregator's counting reads cannot stop the webhook, nor the
 // aggregator's other work. Check refuses them too.
 func Parse(data []byte) (*Config, error) {

@@ -377,7 +377,11 @@ func markIntents(ctx context.Context, cs kubernetes.Interface, pools []*scalePoo
 			if pod.Annotations == nil {
 				pod.Annotations = map[string]string{}
 			}
+			// The truth holds what the patch writes: an intent on a
+			// finished pod counts only with its stamps (first sight).
 			pod.Annotations[keys.CompletionIntent] = "scale-down"
+			pod.Annotations[keys.CompletionIntentAt] = stampTime
+			pod.Annotations[keys.CompletionIntentBy] = "bench"
 			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"scale-down",%q:%q,%q:"bench"}}}`,
 				keys.CompletionIntent, keys.CompletionIntentAt, stampTime, keys.CompletionIntentBy)
 			changes = append(changes, func() error {
