@@ -64,3 +64,18 @@ func TestBrokenCountsWarnEachParentAtMostHourly(t *testing.T) {
 		}
 	}
 }
+
+// TestCustomCountReportsOncePerProcess: the reconcilers of the managers one
+// process starts again (after a lost lease, an outage) share one report of
+// a kind's broken custom counts, so that a parent is warned at most once an
+// hour whatever happens.
+func TestCustomCountReportsOncePerProcess(t *testing.T) {
+	cfg, err := config.Parse([]byte(`parents: [{group: example.tally.dev, version: v1, kind: SharedPool, customCounts: [
+  {name: ready, path: status.ready, expression: 'pod.status.ready'}]}]`))
+	require.NoError(t, err)
+	reports := NewCustomCountReports(cfg.Parents)
+	first := NewReconciler(cfg.Parents[0], Deps{Reports: reports})
+	again := NewReconciler(cfg.Parents[0], Deps{Reports: reports})
+	require.NotNil(t, first.broken)
+	assert.Same(t, first.broken, again.broken)
+}

@@ -125,7 +125,7 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	}
 	return &Reconciler{
 		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(), custom: len(parent.CustomCounts),
-		broken:   newBrokenCounts(parent),
+		broken:   deps.Reports.of(parent),
 		releases: newReleases(), written: newWritten(), Deps: deps, rules: mutate.NewMutator([]config.Parent{parent}, nil),
 		reconciledTotal: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
 		skipped: appliesSkipped.WithLabelValues(kind), failed: applyErrors.WithLabelValues(kind),
