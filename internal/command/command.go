@@ -122,7 +122,6 @@ func checkServedScopes(restCfg *rest.Config, parents []config.Parent) error {
 	}
 	var mapper meta.RESTMapper
 	for attempt := 1; ; attempt++ {
-		err = nil
 		if mapper, err = apiutil.NewDynamicRESTMapper(restCfg, httpClient); err == nil {
 			for i, p := range parents {
 				if _, mapErr := mapper.RESTMapping(p.GroupKind(), p.Version); mapErr != nil && !meta.IsNoMatchError(mapErr) {

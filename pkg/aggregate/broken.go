@@ -33,7 +33,6 @@ const maxNote = 1024
 // tally_aggregator_custom_count_invalid), and by a Warning Event on each
 // parent of the kind, at most one per parent per brokenWarnEvery.
 type brokenCounts struct {
-	kind string
 	// message lists the counts and their errors, for the Events.
 	message string
 
@@ -99,7 +98,6 @@ func newBrokenCounts(p config.Parent) *brokenCounts {
 		message = strings.ToValidUTF8(message[:maxNote-len("…")], "") + "…"
 	}
 	return &brokenCounts{
-		kind:    kind,
 		message: message,
 		warned:  map[types.UID]time.Time{},
 		pruned:  time.Now(),

@@ -275,6 +275,9 @@ func Parse(data []byte) (*Config, error) {
 		return nil, &InvalidError{fmt.Errorf("decoding: %w", err)}
 	}
 	for i, counts := range custom {
+		if i >= len(cfg.Parents) {
+			return nil, &InvalidError{fmt.Errorf("decoding: parents[%d]: not a parent kind", i)}
+		}
 		cfg.Parents[i].CustomCounts = counts
 	}
 	if err := cfg.validate(); err != nil {
