@@ -9,7 +9,7 @@ SHELL := /usr/bin/env bash
 # version that module's go.mod requires, read from there; the others are
 # pinned here. No Go code names a version: the Makefile exports each
 # tool's path (KUBEBUILDER_ASSETS, HELM, PROMTOOL, ...) to what it runs.
-gomod_version = $(shell awk '$$1 == "$(2)" { print $$2 }' hack/$(1)/go.mod)
+gomod_version = $(shell awk '$$1 == "$(2)" { print $$2 } $$1 == "require" && $$2 == "$(2)" { print $$3 }' hack/$(1)/go.mod)
 KUBERNETES_VERSION := $(patsubst v%,%,$(call gomod_version,envtest,k8s.io/kubernetes))
 HELM_VERSION := $(call gomod_version,helm,helm.sh/helm/v3)
 PROMETHEUS_VERSION := $(call gomod_version,prometheus,github.com/prometheus/prometheus)
@@ -114,15 +114,37 @@ envtest-assets: $(KUBE_APISERVER) $(ETCD) ## Build kube-apiserver and etcd from 
 
 # The version stamps a release build sets: clients (helm's kubeVersion check
 # among them) read the server's version from /version.
-KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=v$(KUBERNETES_VERSION) \
-	-X k8s.io/component-base/version.gitMajor=$(KUBE_MAJOR) \
-	-X k8s.io/component-base/version.gitMinor=$(KUBE_MINOR) \
+kube_ldflags = -X k8s.io/component-base/version.gitVersion=v$(1) \
+	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(1))) \
+	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(1))) \
 	-X k8s.io/component-base/version.gitTreeState=clean
+KUBE_LDFLAGS := $(call kube_ldflags,$(KUBERNETES_VERSION))
 
 $(KUBE_APISERVER):
 	@echo ">> building kube-apiserver $(KUBERNETES_VERSION) from source (several minutes the first time)"
 	@mkdir -p $(ENVTEST_DIR)
 	cd hack/envtest && go build -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/kube-apiserver
+
+# make test-compat: kube-apiserver of each older Kubernetes minor tally
+# supports, each built from its own module under hack/compat/<minor> (its
+# go.mod names the release), into bin/k8s/<version> beside the etcd that
+# hack/envtest builds. The oldest is the one the README claims.
+COMPAT_MINORS := $(sort $(notdir $(wildcard hack/compat/*)))
+compat_version = $(patsubst v%,%,$(call gomod_version,compat/$(1),k8s.io/kubernetes))
+COMPAT_VERSIONS := $(foreach m,$(COMPAT_MINORS),$(call compat_version,$(m)))
+COMPAT_OLDEST := $(firstword $(COMPAT_VERSIONS))
+
+define compat_assets
+$(BIN)/k8s/$(2)/kube-apiserver:
+	@echo ">> building kube-apiserver $(2) from source (several minutes the first time)"
+	@mkdir -p $$(@D)
+	cd hack/compat/$(1) && go build -ldflags '$(call kube_ldflags,$(2))' -o $$@ k8s.io/kubernetes/cmd/kube-apiserver
+
+$(BIN)/k8s/$(2)/etcd: $(ETCD)
+	@mkdir -p $$(@D)
+	ln -sf ../$(KUBERNETES_VERSION)/etcd $$@
+endef
+$(foreach m,$(COMPAT_MINORS),$(eval $(call compat_assets,$(m),$(call compat_version,$(m)))))
 
 $(ETCD):
 	@echo ">> building etcd from source"
@@ -370,6 +392,23 @@ test: $(TEST_TOOLS) test-binaries ## Unit tests, fuzz seed corpora, envtest suit
 .PHONY: test-release
 test-release: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## The image, make release and make publish end to end, and the alerts' rule tests with promtool, with -race.
 	go test $(GO_TEST_FLAGS) $(RELEASE_TEST_PKGS)
+
+# make test-compat runs the suites that depend on the API server's
+# semantics (admission and its match conditions, the chart's policies,
+# watches and consistent reads, finalizers) against kube-apiserver of each
+# Kubernetes version in TEST_COMPAT_VERSIONS: by default every older minor
+# under hack/compat, then the one make test runs. .ci/run runs the oldest.
+COMPAT_TEST_PKGS := ./test/contract ./test/webhook ./test/completeness ./test/totals ./test/install
+TEST_COMPAT_VERSIONS ?= $(COMPAT_VERSIONS) $(KUBERNETES_VERSION)
+
+.PHONY: test-compat
+test-compat: $(TEST_TOOLS) test-binaries $(foreach v,$(filter-out $(KUBERNETES_VERSION),$(TEST_COMPAT_VERSIONS)),$(BIN)/k8s/$(v)/kube-apiserver $(BIN)/k8s/$(v)/etcd) ## The API-dependent suites against each supported Kubernetes version (TEST_COMPAT_VERSIONS, default: $(COMPAT_VERSIONS) and $(KUBERNETES_VERSION)), with -race and -short.
+	@for v in $(TEST_COMPAT_VERSIONS); do \
+		echo ">> Kubernetes $$v: go test $(COMPAT_TEST_PKGS)"; \
+		start=$$SECONDS; \
+		KUBEBUILDER_ASSETS=$(BIN)/k8s/$$v TALLY_TEST_BINARIES=$(TEST_BINARIES) go test $(GO_TEST_FLAGS) -short -p $(TEST_P) $(COMPAT_TEST_PKGS) || exit 1; \
+		echo ">> Kubernetes $$v: passed in $$((SECONDS - start)) s"; \
+	done
 
 # TEST_ALL_SKIP leaves packages out of make test-all. .ci/run leaves out
 # ./test/release, which make test-release runs before a release: it builds

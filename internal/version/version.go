@@ -3,7 +3,12 @@
 // build from source reports the module's version, or "dev".
 package version
 
-import "runtime/debug"
+import (
+	"fmt"
+	"runtime/debug"
+
+	k8sversion "k8s.io/apimachinery/pkg/util/version"
+)
 
 // version is set by the release build's linker flags.
 var version string
@@ -22,4 +27,29 @@ func String() string {
 // LinkerFlag returns the -X flag that stamps v into a build.
 func LinkerFlag(v string) string {
 	return "-X tally.dev/tally/internal/version.version=" + v
+}
+
+// MinKubernetes is the oldest Kubernetes minor tally supports, the oldest
+// make test-compat runs. Its aggregator needs consistent reads answered
+// from the API server's watch cache (ConsistentListFromCache, on by
+// default from 1.31): its freshness barrier reads a resourceVersion and
+// waits for the pod watch to reach it, and an older API server's watch
+// cache does not move past a quiet resource's last change, so its view is
+// never proved fresh and no count is written.
+const MinKubernetes = "1.31"
+
+// CheckKubernetes returns an error naming the API server's version
+// (gitVersion, such as v1.30.4-eks-1234) when it is older than
+// MinKubernetes, or cannot be read.
+func CheckKubernetes(gitVersion string) error {
+	v, err := k8sversion.ParseGeneric(gitVersion)
+	if err != nil {
+		return fmt.Errorf("the API server's version %q cannot be read: %w", gitVersion, err)
+	}
+	if v.LessThan(k8sversion.MustParseGeneric(MinKubernetes)) {
+		return fmt.Errorf("the API server is Kubernetes %s, older than %s: tally needs consistent reads from the API server's watch cache "+
+			"(the ConsistentListFromCache feature, on by default from 1.31); without them the aggregator never proves its pod view fresh and writes no count",
+			gitVersion, MinKubernetes)
+	}
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -147,7 +148,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"bad-no-resource.yaml":               "at '/parents/0': missing property 'resource'",
 		"bad-timeout.yaml":                   "at '/webhook/timeoutSeconds': maximum: got 60, want 30",
 		"bad-image-digest.yaml":              "at '/image/digest': 'sha256:1234' does not match pattern",
-		"bad-replicas-without-election.yaml": "at '/aggregator/replicas': value must be 1",
+		"bad-replicas-without-election.yaml": "at '/aggregator/replicas': value must be one of 1, <nil>",
 		"bad-replicaset.yaml":                "at '/parents/0': 'not' failed",
 		"bad-alert-ratio.yaml":               "at '/metrics/prometheusRule/thresholds/applyConflictRatio': maximum: got 2, want 1",
 		"bad-held-below-grace.yaml":          "heldPodSeconds (240) must be above aggregator.trackingGrace (5m, 300 s)",
@@ -350,6 +351,71 @@ func TestHAValues(t *testing.T) {
 	require.Len(t, np.Spec.Ingress, 2)
 	assert.Equal(t, "webhook", np.Spec.Ingress[0].Ports[0].Port.String())
 	assert.False(t, find(t, objects(t, render(t)), "NetworkPolicy", "tally-webhook", &np), "off by default")
+}
+
+// TestAggregatorReplicas: with a kind that keeps totals (totals.yaml), whose finished pods' deletions wait for a running aggregator,
+// the chart runs two aggregator replicas with a PodDisruptionBudget unless
+// told otherwise; without totals, one and no budget.
+func TestAggregatorReplicas(t *testing.T) {
+	tests := []struct {
+		name     string
+		values   []string
+		set      []string
+		replicas int32
+		pdb      bool
+	}{
+		{name: "counts alone", replicas: 1},
+		{name: "totals", values: []string{"totals.yaml"}, replicas: 2, pdb: true},
+		{name: "totals, one replica asked for", values: []string{"totals.yaml"}, set: []string{"aggregator.replicas=1"}, replicas: 1},
+		{name: "totals, no leader election", values: []string{"totals.yaml"}, set: []string{"aggregator.leaderElect=false"}, replicas: 1},
+		{name: "totals, no budget", values: []string{"totals.yaml"}, set: []string{"aggregator.podDisruptionBudget.enabled=false"}, replicas: 2},
+		{name: "counts alone, three replicas asked for", set: []string{"aggregator.replicas=3"}, replicas: 3, pdb: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{"template", release, helm.Chart(), "--namespace", namespace}
+			for _, v := range tt.values {
+				args = append(args, "-f", valuesFile(v))
+			}
+			for _, s := range tt.set {
+				args = append(args, "--set", s)
+			}
+			out, err := helm.Run(args...)
+			require.NoError(t, err)
+			objs := objects(t, out)
+			var d appsv1.Deployment
+			require.True(t, find(t, objs, "Deployment", "tally-aggregator", &d))
+			assert.Equal(t, tt.replicas, *d.Spec.Replicas)
+			var pdb policyv1.PodDisruptionBudget
+			require.Equal(t, tt.pdb, find(t, objs, "PodDisruptionBudget", "tally-aggregator", &pdb))
+			if tt.pdb {
+				assert.Equal(t, 1, pdb.Spec.MinAvailable.IntValue())
+				assert.Equal(t, d.Spec.Selector.MatchLabels, pdb.Spec.Selector.MatchLabels)
+			}
+		})
+	}
+}
+
+// TestHooksLeaveNothing: every hook's objects (the configuration check's,
+// the uninstall hook's with its pod-wide RBAC) are deleted whatever the
+// hook's outcome, and a failed hook Job's log is printed.
+func TestHooksLeaveNothing(t *testing.T) {
+	hooks := 0
+	for _, u := range objects(t, render(t, "totals.yaml")) {
+		a := u.GetAnnotations()
+		if a["helm.sh/hook"] == "" {
+			continue
+		}
+		hooks++
+		policies := strings.Split(a["helm.sh/hook-delete-policy"], ",")
+		for _, p := range []string{"before-hook-creation", "hook-succeeded", "hook-failed"} {
+			assert.Contains(t, policies, p, "%s %s", u.GetKind(), u.GetName())
+		}
+		if u.GetKind() == "Job" {
+			assert.Equal(t, "hook-failed", a["helm.sh/hook-output-log-policy"], "Job %s", u.GetName())
+		}
+	}
+	assert.Greater(t, hooks, 8, "the configuration check's and the uninstall hook's objects")
 }
 
 // TestSecureMetricsRBAC: with secure metrics (the default) both service

@@ -227,7 +227,7 @@ func TestExplainAndDoctor(t *testing.T) {
 		code, out := in.run("--tally-namespace", ns, "doctor")
 		assert.Equal(t, app.ExitOK, code, out)
 		assert.NotContains(t, out, "FAIL")
-		for _, check := range []string{"config", "webhook registration", "webhook endpoints", "webhook certificate", "aggregator lease",
+		for _, check := range []string{"Kubernetes version", "config", "webhook registration", "webhook endpoints", "webhook certificate", "aggregator lease",
 			"parent kind WorkerPool.example.tally.dev", "tracking finalizers", "admission policies", "permissions"} {
 			assert.Contains(t, out, "OK    "+check+": ")
 		}

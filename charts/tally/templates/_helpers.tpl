@@ -106,6 +106,24 @@ config; test/chart checks that they agree.
 {{- $root.Files.Get (printf "files/match-conditions/%s.cel" (index . 1)) | trim | replace "@parents@" (printf "[%s]" (join ", " $parents)) | replace "@verifyOwner@" (toString $root.Values.verifyOwner) -}}
 {{- end -}}
 
+{{/*
+The aggregator's replicas: aggregator.replicas, else 2 when a parent kind
+keeps totals and leader election is on (a finished pod's deletion waits for a
+running aggregator; a standby takes over within the lease's duration), else 1.
+*/}}
+{{- define "tally.aggregatorReplicas" -}}
+{{- $totals := false -}}
+{{- range .Values.parents -}}
+{{- $counts := .counts | default dict -}}
+{{- if or (hasKey $counts "completedTotal") (hasKey $counts "unexpectedTotal") -}}{{- $totals = true -}}{{- end -}}
+{{- end -}}
+{{- if kindIs "invalid" .Values.aggregator.replicas -}}
+{{- ternary 2 1 (and $totals .Values.aggregator.leaderElect) -}}
+{{- else -}}
+{{- .Values.aggregator.replicas -}}
+{{- end -}}
+{{- end -}}
+
 {{/* RBAC rules on the parent kinds, grouped by API group. */}}
 {{- define "tally.parentRules" -}}
 {{- $groups := dict -}}

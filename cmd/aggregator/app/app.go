@@ -12,7 +12,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -20,6 +22,7 @@ import (
 
 	"tally.dev/tally/internal/apiwait"
 	"tally.dev/tally/internal/command"
+	"tally.dev/tally/internal/version"
 	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/apiclock"
@@ -110,6 +113,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	view.Wrap(restCfg)
 	view.Publish()
 	go view.Run(ctx)
+	go checkKubernetes(log, rest.CopyConfig(restCfg))
 	// The finish a pod's metadata shows is compared with the API server's
 	// clock, not this machine's.
 	var apiClock apiclock.Clock
@@ -159,6 +163,26 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 // errConfig marks a configuration the API server refuses: starting again
 // cannot help, the aggregator exits.
 var errConfig = errors.New("the configuration cannot be served")
+
+// checkKubernetes logs an error when the API server is older than tally
+// supports (version.CheckKubernetes): the aggregator runs on, as the
+// feature it needs may have been turned on, but writes no count without it.
+func checkKubernetes(log logr.Logger, cfg *rest.Config) {
+	cfg.Timeout = 30 * time.Second
+	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		log.Error(err, "Cannot check the API server's version")
+		return
+	}
+	info, err := disco.ServerVersion()
+	if err != nil {
+		log.Error(err, "Cannot check the API server's version")
+		return
+	}
+	if err := version.CheckKubernetes(info.GitVersion); err != nil {
+		log.Error(err, "Unsupported Kubernetes version", "minimum", version.MinKubernetes)
+	}
+}
 
 // Validate checks the options and fills in their defaults.
 func (opts *Options) Validate() error {

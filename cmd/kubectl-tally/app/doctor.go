@@ -35,7 +35,7 @@ func newDoctorCommand(o *options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Check a tally installation end to end, with a fix for each problem",
-		Long: `Check a tally installation end to end: its configuration, the webhook's registration, certificate and
+		Long: `Check a tally installation end to end: the Kubernetes version, its configuration, the webhook's registration, certificate and
 endpoints, the aggregator's lease, each parent kind (served, status subresource, every mapped field in the
 CRD's schema with a type that takes what tally writes), finished pods held by the tracking finalizer, the admission policies, and the permissions of
 both service accounts.`,
@@ -84,7 +84,7 @@ func (o *options) doctor(ctx context.Context) ([]Check, error) {
 		return nil, err
 	}
 	d := &doctor{options: o, cs: cs, dyn: dyn}
-	d.run(ctx, configCheck{}, registrationCheck{}, endpointsCheck{}, certificateCheck{}, leaseCheck{})
+	d.run(ctx, versionCheck{}, configCheck{}, registrationCheck{}, endpointsCheck{}, certificateCheck{}, leaseCheck{})
 	if d.cfg != nil {
 		for _, p := range d.cfg.Parents {
 			d.run(ctx, kindCheck{parent: p})
