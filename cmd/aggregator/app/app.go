@@ -11,8 +11,8 @@ import (
 	"os"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
