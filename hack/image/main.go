@@ -8,13 +8,16 @@
 // (--out) or pushes to a registry (--push). The same sources give the same
 // digest: binaries are built with -trimpath and no build ID, and every
 // timestamp is the last commit's. Every image holds the repository's
-// LICENSE beside the commands and carries its licence (license) in the
-// org.opencontainers.image.licenses label. With --cmd it builds the same
+// LICENSE and NOTICE beside the commands, the licence and NOTICE files of
+// every module its commands link under /licenses (internal/notices; a
+// module whose licence is not allowed stops the build), and carries its
+// licence (license) in the org.opencontainers.image.licenses label. With --cmd it builds the same
 // way an image of other commands of the repository (the one-node cluster's
 // pause image, the WorkerPool example's operator and worker).
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,20 +35,21 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/internal/image"
+	"tally.dev/tally/internal/notices"
 	"tally.dev/tally/internal/repo"
 	tallyversion "tally.dev/tally/internal/version"
 )
-
-// commands are the commands of cmd/ the image holds, when they exist.
-var commands = []string{"webhook", "aggregator", "kubectl-tally"}
 
 // license is the SPDX identifier of the repository's licence (LICENSE),
 // the image's org.opencontainers.image.licenses label.
 const license = "Apache-2.0"
 
-// licenseFile is the repository's licence, which every image holds at its
-// root under the same name.
-const licenseFile = "LICENSE"
+// licenseFile and noticeFile are the repository's licence and notice,
+// which every image holds at its root under the same names.
+const (
+	licenseFile = "LICENSE"
+	noticeFile  = "NOTICE"
+)
 
 func main() {
 	out := flag.String("out", "", "write the image as an OCI layout archive to this file")
@@ -91,9 +95,13 @@ func (b build) run(out, push string) error {
 	if err != nil {
 		return err
 	}
-	licenseText, err := os.ReadFile(filepath.Join(b.root, licenseFile))
-	if err != nil {
-		return fmt.Errorf("the image holds the repository's licence: %w", err)
+	var own []image.File
+	for _, name := range []string{licenseFile, noticeFile} {
+		data, err := os.ReadFile(filepath.Join(b.root, name))
+		if err != nil {
+			return fmt.Errorf("the image holds the repository's %s: %w", name, err)
+		}
+		own = append(own, image.File{Name: name, Mode: 0o644, Data: data})
 	}
 	dir, err := os.MkdirTemp("", "tally-image-build-")
 	if err != nil {
@@ -103,11 +111,7 @@ func (b build) run(out, push string) error {
 
 	title, packages := "tally", b.packages
 	if packages == nil {
-		for _, cmd := range commands {
-			if _, err := os.Stat(filepath.Join(b.root, "cmd", cmd)); err == nil {
-				packages = append(packages, "./cmd/"+cmd)
-			}
-		}
+		packages = notices.Commands
 	} else {
 		title = path.Base(packages[0])
 	}
@@ -127,8 +131,11 @@ func (b build) run(out, push string) error {
 		opts.Entrypoint = []string{b.entrypoint}
 	}
 	for _, arch := range b.arches {
-		p := image.Platform{OS: "linux", Architecture: arch, Binaries: map[string]string{},
-			Files: []image.File{{Name: licenseFile, Mode: 0o644, Data: licenseText}}}
+		files, err := bundledNotices(b.root, arch, packages)
+		if err != nil {
+			return err
+		}
+		p := image.Platform{OS: "linux", Architecture: arch, Binaries: map[string]string{}, Files: append(slices.Clone(own), files...)}
 		for _, pkg := range packages {
 			name := path.Base(pkg)
 			bin := filepath.Join(dir, arch, name)
@@ -213,4 +220,31 @@ func chartImage(root string) (version, repository string, err error) {
 		return "", "", errors.New("charts/tally needs an appVersion (Chart.yaml) and an image.repository (values.yaml)")
 	}
 	return chart.AppVersion, values.Image.Repository, nil
+}
+
+// bundledNotices returns the licence and NOTICE files of the modules that
+// packages link on linux/arch, with the directories that hold them; an
+// error if a module's licence is missing or not allowed.
+func bundledNotices(root, arch string, packages []string) ([]image.File, error) {
+	mods, err := notices.Bundled(context.Background(), root, []string{"linux/" + arch}, packages)
+	if err != nil {
+		return nil, err
+	}
+	if err := notices.Check(mods); err != nil {
+		return nil, fmt.Errorf("the image would bundle modules it may not ship: %w", err)
+	}
+	found, err := notices.Files(mods)
+	if err != nil {
+		return nil, err
+	}
+	var files []image.File
+	dirs := map[string]bool{}
+	for _, f := range found {
+		for d := path.Dir(f.Name); d != "." && !dirs[d]; d = path.Dir(d) {
+			dirs[d] = true
+			files = append(files, image.File{Name: d, Mode: 0o755, Dir: true})
+		}
+		files = append(files, image.File{Name: f.Name, Mode: 0o644, Data: f.Data})
+	}
+	return files, nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 
 	"tally.dev/tally/internal/image"
+	"tally.dev/tally/internal/notices"
 	"tally.dev/tally/internal/repo"
 )
 
@@ -171,6 +173,12 @@ func (b builder) build() error {
 		return err
 	}
 
+	fmt.Println(">> licences of the modules kubectl-tally bundles")
+	licenses := filepath.Join(staging, notices.Dir)
+	if err := stageNotices(root, licenses); err != nil {
+		return err
+	}
+
 	fmt.Println(">> goreleaser: kubectl-tally archives, SBOMs, krew manifest")
 	path := os.Getenv("PATH")
 	if strings.ContainsRune(b.syft, os.PathSeparator) {
@@ -182,6 +190,7 @@ func (b builder) build() error {
 		"DOWNLOAD_URL=" + strings.TrimSuffix(b.download, "/"),
 		"IMAGE_ARCHIVE=" + filepath.Join(relStaging, rec.ImageArchive),
 		"CHART_ARCHIVE=" + filepath.Join(relStaging, rec.ChartArchive),
+		"LICENSES_DIR=" + filepath.Join(relStaging, notices.Dir),
 		"PATH=" + path,
 		"SYFT_CHECK_FOR_APP_UPDATE=false",
 		"COMMIT_TIMESTAMP=" + strconv.FormatInt(created.Unix(), 10),
@@ -374,4 +383,32 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return os.WriteFile(dst, data, 0o644)
+}
+
+// stageNotices writes into dir the licence and NOTICE files of every
+// module kubectl-tally links on any platform a release builds, which each
+// of its archives carries (.goreleaser.yaml); an error if a module's
+// licence is missing or not allowed.
+func stageNotices(root, dir string) error {
+	mods, err := notices.Bundled(context.Background(), root, notices.Platforms, []string{"./cmd/kubectl-tally"})
+	if err != nil {
+		return err
+	}
+	if err := notices.Check(mods); err != nil {
+		return fmt.Errorf("kubectl-tally would bundle modules a release may not ship: %w", err)
+	}
+	files, err := notices.Files(mods)
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		p := filepath.Join(dir, filepath.FromSlash(strings.TrimPrefix(f.Name, notices.Dir+"/")))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, f.Data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }

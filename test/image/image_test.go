@@ -1,16 +1,19 @@
 // Package image checks `make image` and `make push` (hack/image): the
-// archive's index, manifests and config, the binaries and the LICENSE in
-// its layer, the digest of two builds, and a push to a registry served by
+// archive's index, manifests and config, the binaries, the LICENSE and
+// NOTICE, and the licence and NOTICE files of every bundled module in its
+// layer, the digest of two builds, and a push to a registry served by
 // the test.
 package image
 
 import (
 	"archive/tar"
+	"context"
 	"io"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -27,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/internal/image"
+	"tally.dev/tally/internal/notices"
 	"tally.dev/tally/internal/repo"
 )
 
@@ -128,10 +132,35 @@ func TestImage(t *testing.T) {
 			"org.opencontainers.image.licenses": "Apache-2.0",
 		}, cfg.Config.Labels)
 		files := layerFiles(t, img)
-		license, err := os.ReadFile(repo.Path("LICENSE"))
+		for _, name := range []string{"LICENSE", "NOTICE"} {
+			own, err := os.ReadFile(repo.Path(name))
+			require.NoError(t, err)
+			assert.Equal(t, string(own), string(files[name]), "the image holds the repository's %s", name)
+			delete(files, name)
+		}
+		// The licence and NOTICE files of every module its commands link.
+		mods, err := notices.Bundled(context.Background(), repo.Root(), []string{"linux/" + d.Platform.Architecture}, notices.Commands)
 		require.NoError(t, err)
-		assert.Equal(t, string(license), string(files["LICENSE"]), "the image holds the repository's LICENSE")
-		delete(files, "LICENSE")
+		shipped := 0
+		for _, m := range mods {
+			require.NotEmpty(t, m.Files, m.Path)
+			for _, name := range m.Files {
+				want, err := os.ReadFile(filepath.Join(m.Dir, name))
+				require.NoError(t, err)
+				got, ok := files[path.Join(notices.Dir, m.Path, name)]
+				if assert.True(t, ok, "%s: no %s of %s %s", d.Platform.Architecture, name, m.Path, m.Version) {
+					assert.Equal(t, want, got)
+				}
+				shipped++
+			}
+		}
+		assert.Contains(t, files, notices.Dir+"/github.com/prometheus/client_golang/NOTICE")
+		assert.Greater(t, shipped, 50)
+		for name := range files {
+			if strings.HasPrefix(name, notices.Dir+"/") {
+				delete(files, name)
+			}
+		}
 		assert.Contains(t, files, "webhook")
 		assert.Contains(t, files, "aggregator")
 		assert.Contains(t, files, "kubectl-tally")
@@ -187,9 +216,13 @@ func layerFiles(t *testing.T, img v1.Image) map[string][]byte {
 			return files
 		}
 		require.NoError(t, err)
-		if hdr.Name == "LICENSE" {
+		switch {
+		case hdr.Typeflag == tar.TypeDir:
+			assert.Equal(t, int64(0o755), hdr.Mode, hdr.Name)
+			continue
+		case hdr.Name == "LICENSE" || hdr.Name == "NOTICE" || strings.HasPrefix(hdr.Name, notices.Dir+"/"):
 			assert.Equal(t, int64(0o644), hdr.Mode, hdr.Name)
-		} else {
+		default:
 			assert.Equal(t, int64(0o755), hdr.Mode, hdr.Name)
 		}
 		data, err := io.ReadAll(tr)

@@ -1,7 +1,8 @@
 // Package release checks a release end to end without the internet: `make
 // release` refuses a tree that is not a tagged, clean release, then runs
 // twice as a snapshot signed with a key the test generates (the archives
-// and the image come out byte-identical, checksums.txt covers every file
+// and the image come out byte-identical, each kubectl-tally archive holds
+// LICENSE, NOTICE and the licences of the modules it bundles, checksums.txt covers every file
 // and its signature verifies), `make publish` to a registry served by the
 // test (signatures of the image index and the chart, the provenance and
 // each platform's SBOM attested as referrers, checked with docs/releasing.md's
@@ -14,6 +15,8 @@ package release
 
 import (
 	"archive/tar"
+	"archive/zip"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -45,6 +48,7 @@ import (
 
 	"tally.dev/tally/internal/controlplane"
 	"tally.dev/tally/internal/helm"
+	"tally.dev/tally/internal/notices"
 	"tally.dev/tally/internal/repo"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/test/framework"
@@ -210,6 +214,7 @@ func TestReleasePublishInstall(t *testing.T) {
 	}
 	for _, a := range plugins {
 		assert.Contains(t, first.sums, a+".spdx.json", "an SBOM of each kubectl-tally archive")
+		assertNotices(t, filepath.Join(dist, a))
 	}
 	for _, sbom := range []string{"tally-image_" + version + "_linux_amd64.spdx.json", "tally-image_" + version + "_linux_arm64.spdx.json",
 		"kubectl-tally_" + version + "_" + host + ".tar.gz.spdx.json"} {
@@ -255,6 +260,76 @@ func TestReleasePublishInstall(t *testing.T) {
 	t.Run("krew install", func(t *testing.T) {
 		assertKrewInstall(t, krew, kubectl, dist, version, host)
 	})
+}
+
+// assertNotices checks that a kubectl-tally archive holds the repository's
+// LICENSE and NOTICE, and the licence and NOTICE files of every module
+// kubectl-tally links on the archive's platform.
+func assertNotices(t *testing.T, archive string) {
+	t.Helper()
+	files := archiveFiles(t, archive)
+	for _, name := range []string{"LICENSE", "NOTICE"} {
+		own, err := os.ReadFile(repo.Path(name))
+		require.NoError(t, err)
+		assert.Equal(t, string(own), string(files[name]), "%s: the repository's %s", filepath.Base(archive), name)
+	}
+	platform := regexp.MustCompile(`_([a-z]+)_([a-z0-9]+)\.(tar\.gz|zip)$`).FindStringSubmatch(archive)
+	require.NotNil(t, platform, archive)
+	mods, err := notices.Bundled(context.Background(), repo.Root(), []string{platform[1] + "/" + platform[2]}, []string{"./cmd/kubectl-tally"})
+	require.NoError(t, err)
+	for _, m := range mods {
+		require.NotEmpty(t, m.Files, m.Path)
+		for _, name := range m.Files {
+			want, err := os.ReadFile(filepath.Join(m.Dir, name))
+			require.NoError(t, err)
+			got, ok := files[notices.Dir+"/"+m.Path+"/"+name]
+			if assert.True(t, ok, "%s: no %s of %s %s", filepath.Base(archive), name, m.Path, m.Version) {
+				assert.Equal(t, want, got)
+			}
+		}
+	}
+}
+
+// archiveFiles returns the regular files of a .tar.gz or .zip archive.
+func archiveFiles(t *testing.T, archive string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	if strings.HasSuffix(archive, ".zip") {
+		zr, err := zip.OpenReader(archive)
+		require.NoError(t, err)
+		defer zr.Close()
+		for _, f := range zr.File {
+			if f.FileInfo().IsDir() {
+				continue
+			}
+			rc, err := f.Open()
+			require.NoError(t, err)
+			data, err := io.ReadAll(rc)
+			require.NoError(t, err)
+			require.NoError(t, rc.Close())
+			files[f.Name] = data
+		}
+		return files
+	}
+	f, err := os.Open(archive)
+	require.NoError(t, err)
+	defer f.Close()
+	gz, err := gzip.NewReader(f)
+	require.NoError(t, err)
+	tr := tar.NewReader(gz)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return files
+		}
+		require.NoError(t, err)
+		if hdr.Typeflag != tar.TypeReg {
+			continue
+		}
+		data, err := io.ReadAll(tr)
+		require.NoError(t, err)
+		files[hdr.Name] = data
+	}
 }
 
 // assertSBOM checks an SPDX document lists packages, tally's dependencies

@@ -1,0 +1,100 @@
+package notices
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"tally.dev/tally/internal/repo"
+)
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		name, text string
+		want       []string
+	}{
+		{name: "Apache-2.0", text: "Apache License\n  Version 2.0, January 2004\n http://www.apache.org/licenses/", want: []string{"Apache-2.0"}},
+		{name: "MIT", text: "Permission is hereby granted, free of charge, to any person obtaining a copy\nof this software", want: []string{"MIT"}},
+		{name: "BSD-3-Clause", text: "Redistribution and use in source and binary forms, with or without\nmodification ... Neither the name of Google Inc. nor the names of its\ncontributors may be used to endorse or promote products derived from this software", want: []string{"BSD-3-Clause"}},
+		{name: "BSD-2-Clause", text: "Redistribution and use in source and binary forms, with or without modification, are permitted", want: []string{"BSD-2-Clause"}},
+		{name: "ISC", text: "Permission to use, copy, modify, and/or distribute this software for any\npurpose with or without fee is hereby granted", want: []string{"ISC"}},
+		{name: "MPL-2.0", text: "Mozilla Public License Version 2.0\n==================================", want: []string{"MPL-2.0"}},
+		{name: "two in one file", text: "Apache License Version 2.0 ... and the MIT part: Permission is hereby granted, free of charge, to any person obtaining a copy", want: []string{"Apache-2.0", "MIT"}},
+		{name: "GPL", text: "GNU GENERAL PUBLIC LICENSE Version 3, 29 June 2007"},
+		{name: "nothing", text: "All rights reserved."},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, Classify([]byte(tt.text)))
+		})
+	}
+}
+
+func TestCheck(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  Module
+		err  string
+	}{
+		{name: "allowed", mod: Module{Path: "a", Files: []string{"LICENSE", "NOTICE"}, Licenses: []string{"Apache-2.0"}}},
+		{name: "a NOTICE alone", mod: Module{Path: "a", Version: "v1", Files: []string{"NOTICE"}}, err: "module a v1 has no licence file at its root"},
+		{name: "no file", mod: Module{Path: "a", Version: "v1"}, err: "module a v1 has no licence file"},
+		{name: "unknown", mod: Module{Path: "a", Version: "v1", Files: []string{"COPYING"}}, err: "module a v1: its licence files (COPYING) match no licence tally knows"},
+		{name: "not allowed", mod: Module{Path: "a", Version: "v1", Files: []string{"LICENSE"}, Licenses: []string{"MIT", "SSPL-1.0"}}, err: "module a v1 is licensed SSPL-1.0, not one of"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := Check([]Module{tt.mod})
+			if tt.err == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tt.err)
+		})
+	}
+}
+
+// TestBundledModules: every module tally's commands link, on every
+// platform a release builds, carries a licence file tally may ship, and
+// Files ships each module's licence and NOTICE files (Prometheus' client
+// among the modules with a NOTICE).
+func TestBundledModules(t *testing.T) {
+	mods, err := Bundled(context.Background(), repo.Root(), Platforms, Commands)
+	require.NoError(t, err)
+	require.NoError(t, Check(mods))
+	paths := make([]string, 0, len(mods))
+	for _, m := range mods {
+		paths = append(paths, m.Path)
+	}
+	for _, p := range []string{"std", "k8s.io/client-go", "sigs.k8s.io/controller-runtime", "github.com/prometheus/client_golang", "github.com/google/cel-go"} {
+		assert.Contains(t, paths, p)
+	}
+	files, err := Files(mods)
+	require.NoError(t, err)
+	names := map[string][]byte{}
+	for _, f := range files {
+		names[f.Name] = f.Data
+	}
+	for _, m := range mods {
+		for _, name := range m.Files {
+			data, ok := names[Dir+"/"+m.Path+"/"+name]
+			if assert.True(t, ok, "%s/%s is not shipped", m.Path, name) {
+				want, err := os.ReadFile(filepath.Join(m.Dir, name))
+				require.NoError(t, err)
+				assert.Equal(t, want, data)
+			}
+		}
+	}
+	assert.Contains(t, names, Dir+"/github.com/prometheus/client_golang/NOTICE")
+	index := string(names[Dir+"/README"])
+	for _, m := range mods {
+		assert.Contains(t, index, m.Path+" "+m.Version+" ", "the index lists every module")
+	}
+	assert.True(t, slices.IsSortedFunc(mods, func(a, b Module) int { return strings.Compare(a.Path, b.Path) }))
+}
