@@ -397,7 +397,8 @@ test-release: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## The image, make release and
 # semantics (admission and its match conditions, the chart's policies,
 # watches and consistent reads, finalizers) against kube-apiserver of each
 # Kubernetes version in TEST_COMPAT_VERSIONS: by default every older minor
-# under hack/compat, then the one make test runs. .ci/run runs the oldest.
+# under hack/compat, then the one make test runs. .ci/run runs the oldest
+# (make test-compat-oldest).
 COMPAT_TEST_PKGS := ./test/contract ./test/webhook ./test/completeness ./test/totals ./test/install
 TEST_COMPAT_VERSIONS ?= $(COMPAT_VERSIONS) $(KUBERNETES_VERSION)
 
@@ -409,6 +410,10 @@ test-compat: $(TEST_TOOLS) test-binaries $(foreach v,$(filter-out $(KUBERNETES_V
 		KUBEBUILDER_ASSETS=$(BIN)/k8s/$$v TALLY_TEST_BINARIES=$(TEST_BINARIES) go test $(GO_TEST_FLAGS) -short -p $(TEST_P) $(COMPAT_TEST_PKGS) || exit 1; \
 		echo ">> Kubernetes $$v: passed in $$((SECONDS - start)) s"; \
 	done
+
+.PHONY: test-compat-oldest
+test-compat-oldest: ## make test-compat on the oldest supported Kubernetes alone ($(COMPAT_OLDEST)), as .ci/run does.
+	$(MAKE) test-compat TEST_COMPAT_VERSIONS=$(COMPAT_OLDEST)
 
 # TEST_ALL_SKIP leaves packages out of make test-all. .ci/run leaves out
 # ./test/release, which make test-release runs before a release: it builds
