@@ -129,7 +129,7 @@ $(KUBE_APISERVER):
 # supports, each built from its own module under hack/compat/<minor> (its
 # go.mod names the release), into bin/k8s/<version> beside the etcd that
 # hack/envtest builds. The oldest is the one the README claims.
-COMPAT_MINORS := $(sort $(notdir $(wildcard hack/compat/*)))
+COMPAT_MINORS := $(sort $(notdir $(patsubst %/go.mod,%,$(wildcard hack/compat/*/go.mod))))
 compat_version = $(patsubst v%,%,$(call gomod_version,compat/$(1),k8s.io/kubernetes))
 COMPAT_VERSIONS := $(foreach m,$(COMPAT_MINORS),$(call compat_version,$(m)))
 COMPAT_OLDEST := $(firstword $(COMPAT_VERSIONS))
@@ -394,8 +394,9 @@ test-release: $(TEST_TOOLS) $(RELEASE_TEST_TOOLS) ## The image, make release and
 	go test $(GO_TEST_FLAGS) $(RELEASE_TEST_PKGS)
 
 # make test-compat runs the suites that depend on the API server's
-# semantics (admission and its match conditions, the chart's policies,
-# watches and consistent reads, finalizers) against kube-apiserver of each
+# semantics (admission and its match conditions, the chart's policies, the
+# freshness barrier's consistent read and watch, finalizers; not the
+# outage and fail-over suites) against kube-apiserver of each
 # Kubernetes version in TEST_COMPAT_VERSIONS: by default every older minor
 # under hack/compat, then the one make test runs. .ci/run runs the oldest
 # (make test-compat-oldest).

@@ -43,11 +43,17 @@ type Module struct {
 	Path, Version string
 	// Dir is where the module's files are (the module cache).
 	Dir string
-	// Files are the licence and NOTICE files at the module's root, in
-	// lexical order.
+	// Files are the licence and NOTICE files, as slash-separated paths
+	// relative to Dir, of the module's root and of every folder between it
+	// and a package the build links (a package forked from elsewhere keeps
+	// its own licence beside it), in lexical order.
 	Files []string
+	// pkgDirs are the folders of the packages the build links.
+	pkgDirs map[string]bool
 	// Licenses are the SPDX identifiers its licence files match.
 	Licenses []string
+	// Unknown are the licence files that match no licence Classify knows.
+	Unknown []string
 }
 
 // File is one file to ship: its path in the image or archive, and its
@@ -60,18 +66,14 @@ type File struct {
 // Bundled returns the modules that the packages pkgs, built in root for
 // each of platforms, link, the standard library among them, in path order.
 func Bundled(ctx context.Context, root string, platforms, pkgs []string) ([]Module, error) {
-	byPath := map[string]Module{}
+	byPath := map[string]*Module{}
 	for _, p := range platforms {
 		goos, goarch, ok := strings.Cut(p, "/")
 		if !ok {
 			return nil, fmt.Errorf("platform %q is not GOOS/GOARCH", p)
 		}
-		mods, err := linked(ctx, root, goos, goarch, pkgs)
-		if err != nil {
+		if err := linked(ctx, root, goos, goarch, pkgs, byPath); err != nil {
 			return nil, err
-		}
-		for _, m := range mods {
-			byPath[m.Path] = m
 		}
 	}
 	std, err := standardLibrary(ctx, root)
@@ -84,14 +86,16 @@ func Bundled(ctx context.Context, root string, platforms, pkgs []string) ([]Modu
 		if err := m.read(); err != nil {
 			return nil, err
 		}
-		out = append(out, m)
+		m.pkgDirs = nil
+		out = append(out, *m)
 	}
 	slices.SortFunc(out, func(a, b Module) int { return strings.Compare(a.Path, b.Path) })
 	return out, nil
 }
 
-// listed is what go list -json=Module says of a package's module.
+// listed is what go list -json=Dir,Module says of a package.
 type listed struct {
+	Dir    string
 	Module *struct {
 		Path, Version, Dir string
 		Main               bool
@@ -99,81 +103,108 @@ type listed struct {
 	}
 }
 
-// linked lists the modules of the packages pkgs and their dependencies
-// for one platform.
-func linked(ctx context.Context, root, goos, goarch string, pkgs []string) ([]Module, error) {
-	cmd := exec.CommandContext(ctx, "go", append([]string{"list", "-deps", "-json=Module"}, pkgs...)...)
+// linked adds to byPath the modules of the packages pkgs and their
+// dependencies for one platform, with the folders of those packages.
+func linked(ctx context.Context, root, goos, goarch string, pkgs []string, byPath map[string]*Module) error {
+	cmd := exec.CommandContext(ctx, "go", append([]string{"list", "-deps", "-json=Dir,Module"}, pkgs...)...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0", "GOFLAGS=-mod=readonly")
+	cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("go list -deps for %s/%s: %w: %s", goos, goarch, err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("go list -deps for %s/%s: %w: %s", goos, goarch, err, strings.TrimSpace(stderr.String()))
 	}
-	var mods []Module
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for {
 		var l listed
 		if err := dec.Decode(&l); errors.Is(err, io.EOF) {
-			return mods, nil
+			return nil
 		} else if err != nil {
-			return nil, fmt.Errorf("reading go list's output: %w", err)
+			return fmt.Errorf("reading go list's output: %w", err)
 		}
 		m := l.Module
 		if m == nil || m.Main { // the standard library, or tally itself
 			continue
 		}
-		mod := Module{Path: m.Path, Version: m.Version, Dir: m.Dir}
-		if r := m.Replace; r != nil {
-			mod.Version, mod.Dir = r.Version, r.Dir
+		mod := byPath[m.Path]
+		if mod == nil {
+			mod = &Module{Path: m.Path, Version: m.Version, Dir: m.Dir, pkgDirs: map[string]bool{}}
+			if r := m.Replace; r != nil {
+				mod.Version, mod.Dir = r.Version, r.Dir
+			}
+			if mod.Dir == "" {
+				return fmt.Errorf("module %s %s is not in the module cache (go mod download)", mod.Path, mod.Version)
+			}
+			byPath[m.Path] = mod
 		}
-		if mod.Dir == "" {
-			return nil, fmt.Errorf("module %s %s is not in the module cache (go mod download)", mod.Path, mod.Version)
-		}
-		mods = append(mods, mod)
+		mod.pkgDirs[l.Dir] = true
 	}
 }
 
-// standardLibrary is Go's own: every binary links its runtime.
-func standardLibrary(ctx context.Context, root string) (Module, error) {
+// standardLibrary is Go's own: every binary links its runtime. Its
+// licence, at GOROOT, covers the packages it forks too.
+func standardLibrary(ctx context.Context, root string) (*Module, error) {
 	cmd := exec.CommandContext(ctx, "go", "env", "GOROOT", "GOVERSION")
 	cmd.Dir = root
 	out, err := cmd.Output()
 	if err != nil {
-		return Module{}, fmt.Errorf("go env GOROOT GOVERSION: %w", err)
+		return nil, fmt.Errorf("go env GOROOT GOVERSION: %w", err)
 	}
 	lines := strings.Fields(string(out))
 	if len(lines) != 2 {
-		return Module{}, fmt.Errorf("go env GOROOT GOVERSION printed %q", out)
+		return nil, fmt.Errorf("go env GOROOT GOVERSION printed %q", out)
 	}
-	return Module{Path: "std", Version: lines[1], Dir: lines[0]}, nil
+	return &Module{Path: "std", Version: lines[1], Dir: lines[0]}, nil
 }
 
 // noticeFile matches the names of licence and NOTICE files: LICENSE,
-// LICENCE, COPYING, NOTICE, with a suffix such as .txt, .md or -APACHE.
+// LICENCE, COPYING, NOTICE, with a suffix such as .txt, .md or -APACHE;
+// not source files such as license.go.
 var noticeFile = regexp.MustCompile(`(?i)^(licen[cs]e|copying|notice)([._-][a-z0-9._-]*)?$`)
 
-// read finds m's licence and NOTICE files and classifies its licences.
+// sourceFile matches the names noticeFile must not take.
+var sourceFile = regexp.MustCompile(`(?i)\.(go|s|c|h|py|sh|json|ya?ml|proto)$`)
+
+// read finds m's licence and NOTICE files, in its root and in every folder
+// from a linked package's up to the root, and classifies its licences.
 func (m *Module) read() error {
-	entries, err := os.ReadDir(m.Dir)
-	if err != nil {
-		return fmt.Errorf("module %s %s: %w", m.Path, m.Version, err)
-	}
-	for _, e := range entries {
-		if e.Type().IsRegular() && noticeFile.MatchString(e.Name()) {
-			m.Files = append(m.Files, e.Name())
+	dirs := map[string]bool{".": true}
+	for d := range m.pkgDirs {
+		rel, err := filepath.Rel(m.Dir, d)
+		if err != nil || !filepath.IsLocal(rel) && rel != "." {
+			continue // a package outside its module's folder: none is
+		}
+		for ; rel != "."; rel = filepath.Dir(rel) {
+			dirs[filepath.ToSlash(rel)] = true
 		}
 	}
+	for dir := range dirs {
+		entries, err := os.ReadDir(filepath.Join(m.Dir, filepath.FromSlash(dir)))
+		if err != nil {
+			return fmt.Errorf("module %s %s: %w", m.Path, m.Version, err)
+		}
+		for _, e := range entries {
+			if e.Type().IsRegular() && noticeFile.MatchString(e.Name()) && !sourceFile.MatchString(e.Name()) {
+				m.Files = append(m.Files, path.Join(dir, e.Name()))
+			}
+		}
+	}
+	slices.Sort(m.Files)
+	m.Unknown = nil
 	for _, name := range m.Files {
 		if isNotice(name) {
 			continue
 		}
-		text, err := os.ReadFile(filepath.Join(m.Dir, name))
+		text, err := os.ReadFile(filepath.Join(m.Dir, filepath.FromSlash(name)))
 		if err != nil {
 			return fmt.Errorf("module %s %s: %w", m.Path, m.Version, err)
 		}
-		for _, id := range Classify(text) {
+		ids := Classify(text)
+		if len(ids) == 0 {
+			m.Unknown = append(m.Unknown, name)
+		}
+		for _, id := range ids {
 			if !slices.Contains(m.Licenses, id) {
 				m.Licenses = append(m.Licenses, id)
 			}
@@ -183,11 +214,15 @@ func (m *Module) read() error {
 	return nil
 }
 
-func isNotice(name string) bool { return strings.HasPrefix(strings.ToUpper(name), "NOTICE") }
+func isNotice(name string) bool { return strings.HasPrefix(strings.ToUpper(path.Base(name)), "NOTICE") }
 
 // licenceMarks are phrases only the licence's text holds, all of which a
-// file must hold to be that licence; BSD-2-Clause is the BSD text without
-// BSD-3-Clause's third clause.
+// file must hold to be that licence, and none of the phrases that make it
+// another. BSD-2-Clause is the BSD text without BSD-3-Clause's third
+// clause, BSD-3-Clause without BSD-4-Clause's advertising clause. The
+// licences tally may not ship are known too, so that a file that adds
+// one to an allowed text (MIT with "good, not evil", Apache-2.0 with the
+// Commons Clause) is refused rather than taken for the allowed one.
 var licenceMarks = []struct {
 	id    string
 	marks []string
@@ -195,10 +230,20 @@ var licenceMarks = []struct {
 }{
 	{id: "Apache-2.0", marks: []string{"apache license", "version 2.0"}},
 	{id: "MIT", marks: []string{"permission is hereby granted, free of charge, to any person obtaining a copy"}},
-	{id: "BSD-3-Clause", marks: []string{"redistribution and use in source and binary forms", "may be used to endorse or promote products derived from this software"}},
-	{id: "BSD-2-Clause", marks: []string{"redistribution and use in source and binary forms"}, not: []string{"may be used to endorse or promote products derived from this software"}},
+	{id: "BSD-4-Clause", marks: []string{"redistribution and use in source and binary forms", "all advertising materials mentioning features or use of this software"}},
+	{id: "BSD-3-Clause", marks: []string{"redistribution and use in source and binary forms", "endorse or promote products derived from this software"},
+		not: []string{"all advertising materials mentioning features or use of this software"}},
+	{id: "BSD-2-Clause", marks: []string{"redistribution and use in source and binary forms"},
+		not: []string{"endorse or promote products derived from this software", "all advertising materials mentioning features or use of this software"}},
 	{id: "ISC", marks: []string{"permission to use, copy, modify, and/or distribute this software for any purpose"}},
 	{id: "MPL-2.0", marks: []string{"mozilla public license", "2.0"}},
+	{id: "JSON", marks: []string{"the software shall be used for good, not evil"}},
+	{id: "Commons-Clause", marks: []string{"commons clause"}},
+	{id: "GPL", marks: []string{"gnu general public license"}},
+	{id: "LGPL", marks: []string{"gnu lesser general public license"}},
+	{id: "AGPL", marks: []string{"gnu affero general public license"}},
+	{id: "SSPL", marks: []string{"server side public license"}},
+	{id: "BUSL", marks: []string{"business source license"}},
 }
 
 var space = regexp.MustCompile(`\s+`)
@@ -230,15 +275,18 @@ func containsAny(t string, marks []string) bool {
 }
 
 // Check returns an error naming every module that carries no licence file,
-// or a licence that is not recognised or not Allowed.
+// a licence file that matches no licence tally knows, or a licence that is
+// not Allowed.
 func Check(mods []Module) error {
 	var errs []error
 	for _, m := range mods {
 		switch {
 		case !slices.ContainsFunc(m.Files, func(f string) bool { return !isNotice(f) }):
-			errs = append(errs, fmt.Errorf("module %s %s has no licence file at its root", m.Path, m.Version))
+			errs = append(errs, fmt.Errorf("module %s %s has no licence file", m.Path, m.Version))
+		case len(m.Unknown) > 0:
+			errs = append(errs, fmt.Errorf("module %s %s: its licence files %s match no licence tally knows", m.Path, m.Version, strings.Join(m.Unknown, ", ")))
 		case len(m.Licenses) == 0:
-			errs = append(errs, fmt.Errorf("module %s %s: its licence files (%s) match no licence tally knows", m.Path, m.Version, strings.Join(m.Files, ", ")))
+			errs = append(errs, fmt.Errorf("module %s %s: its licence files match no licence tally knows", m.Path, m.Version))
 		default:
 			for _, id := range m.Licenses {
 				if !slices.Contains(Allowed, id) {
@@ -251,8 +299,8 @@ func Check(mods []Module) error {
 }
 
 // Files returns the files to ship for mods: each module's licence and
-// NOTICE files under Dir/<module path>/, and Dir/README listing every
-// module with its version and licences.
+// NOTICE files under Dir/<module path>/ (at their own paths in the module),
+// and Dir/README listing every module with its version and licences.
 func Files(mods []Module) ([]File, error) {
 	var files []File
 	var index strings.Builder
@@ -260,7 +308,7 @@ func Files(mods []Module) ([]File, error) {
 	for _, m := range mods {
 		fmt.Fprintf(&index, "%s %s %s\n", m.Path, m.Version, strings.Join(m.Licenses, " AND "))
 		for _, name := range m.Files {
-			data, err := os.ReadFile(filepath.Join(m.Dir, name))
+			data, err := os.ReadFile(filepath.Join(m.Dir, filepath.FromSlash(name)))
 			if err != nil {
 				return nil, fmt.Errorf("module %s %s: %w", m.Path, m.Version, err)
 			}

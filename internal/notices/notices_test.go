@@ -26,13 +26,28 @@ func TestClassify(t *testing.T) {
 		{name: "ISC", text: "Permission to use, copy, modify, and/or distribute this software for any\npurpose with or without fee is hereby granted", want: []string{"ISC"}},
 		{name: "MPL-2.0", text: "Mozilla Public License Version 2.0\n==================================", want: []string{"MPL-2.0"}},
 		{name: "two in one file", text: "Apache License Version 2.0 ... and the MIT part: Permission is hereby granted, free of charge, to any person obtaining a copy", want: []string{"Apache-2.0", "MIT"}},
-		{name: "GPL", text: "GNU GENERAL PUBLIC LICENSE Version 3, 29 June 2007"},
+		{name: "BSD-3-Clause, endorsement in other words", text: "Redistribution and use in source and binary forms ... The names of its contributors may not be used to endorse or promote products derived from this software", want: []string{"BSD-3-Clause"}},
+		{name: "BSD-4-Clause", text: "Redistribution and use in source and binary forms ... All advertising materials mentioning features or use of this software must display ... may be used to endorse or promote products derived from this software", want: []string{"BSD-4-Clause"}},
+		{name: "JSON", text: "Permission is hereby granted, free of charge, to any person obtaining a copy ... The Software shall be used for Good, not Evil.", want: []string{"MIT", "JSON"}},
+		{name: "Apache-2.0 with the Commons Clause", text: "\"Commons Clause\" License Condition v1.0 ... Apache License Version 2.0", want: []string{"Apache-2.0", "Commons-Clause"}},
+		{name: "GPL", text: "GNU GENERAL PUBLIC LICENSE Version 3, 29 June 2007", want: []string{"GPL"}},
+		{name: "GPL quoting an MIT part", text: "GNU General Public License ... Permission is hereby granted, free of charge, to any person obtaining a copy", want: []string{"MIT", "GPL"}},
 		{name: "nothing", text: "All rights reserved."},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			assert.Equal(t, tt.want, Classify([]byte(tt.text)))
 		})
+	}
+}
+
+func TestNoticeFileNames(t *testing.T) {
+	for name, want := range map[string]bool{
+		"LICENSE": true, "LICENSE.txt": true, "LICENCE": true, "license.md": true, "LICENSE-MIT": true, "LICENSE.libyaml": true,
+		"COPYING": true, "NOTICE": true, "NOTICE.txt": true,
+		"license.go": false, "license_test.go": false, "licenses.json": false, "README": false, "LICENSES": false, "notice.yaml": false,
+	} {
+		assert.Equal(t, want, noticeFile.MatchString(name) && !sourceFile.MatchString(name), name)
 	}
 }
 
@@ -43,10 +58,11 @@ func TestCheck(t *testing.T) {
 		err  string
 	}{
 		{name: "allowed", mod: Module{Path: "a", Files: []string{"LICENSE", "NOTICE"}, Licenses: []string{"Apache-2.0"}}},
-		{name: "a NOTICE alone", mod: Module{Path: "a", Version: "v1", Files: []string{"NOTICE"}}, err: "module a v1 has no licence file at its root"},
+		{name: "a NOTICE alone", mod: Module{Path: "a", Version: "v1", Files: []string{"NOTICE"}}, err: "module a v1 has no licence file"},
 		{name: "no file", mod: Module{Path: "a", Version: "v1"}, err: "module a v1 has no licence file"},
-		{name: "unknown", mod: Module{Path: "a", Version: "v1", Files: []string{"COPYING"}}, err: "module a v1: its licence files (COPYING) match no licence tally knows"},
-		{name: "not allowed", mod: Module{Path: "a", Version: "v1", Files: []string{"LICENSE"}, Licenses: []string{"MIT", "SSPL-1.0"}}, err: "module a v1 is licensed SSPL-1.0, not one of"},
+		{name: "unknown", mod: Module{Path: "a", Version: "v1", Files: []string{"COPYING"}, Unknown: []string{"COPYING"}}, err: "module a v1: its licence files COPYING match no licence tally knows"},
+		{name: "one known, one unknown", mod: Module{Path: "a", Version: "v1", Files: []string{"COPYING", "LICENSE"}, Licenses: []string{"MIT"}, Unknown: []string{"COPYING"}}, err: "its licence files COPYING match no licence"},
+		{name: "not allowed", mod: Module{Path: "a", Version: "v1", Files: []string{"LICENSE"}, Licenses: []string{"GPL", "MIT"}}, err: "module a v1 is licensed GPL, not one of"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -85,13 +101,15 @@ func TestBundledModules(t *testing.T) {
 		for _, name := range m.Files {
 			data, ok := names[Dir+"/"+m.Path+"/"+name]
 			if assert.True(t, ok, "%s/%s is not shipped", m.Path, name) {
-				want, err := os.ReadFile(filepath.Join(m.Dir, name))
+				want, err := os.ReadFile(filepath.Join(m.Dir, filepath.FromSlash(name)))
 				require.NoError(t, err)
 				assert.Equal(t, want, data)
 			}
 		}
 	}
 	assert.Contains(t, names, Dir+"/github.com/prometheus/client_golang/NOTICE")
+	// The licence of a package forked into a module, beside it.
+	assert.Contains(t, names, Dir+"/k8s.io/kube-openapi/pkg/internal/third_party/govalidator/LICENSE")
 	index := string(names[Dir+"/README"])
 	for _, m := range mods {
 		assert.Contains(t, index, m.Path+" "+m.Version+" ", "the index lists every module")

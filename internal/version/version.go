@@ -30,12 +30,13 @@ func LinkerFlag(v string) string {
 }
 
 // MinKubernetes is the oldest Kubernetes minor tally supports, the oldest
-// make test-compat runs. Its aggregator needs consistent reads answered
-// from the API server's watch cache (ConsistentListFromCache, on by
-// default from 1.31): its freshness barrier reads a resourceVersion and
-// waits for the pod watch to reach it, and an older API server's watch
-// cache does not move past a quiet resource's last change, so its view is
-// never proved fresh and no count is written.
+// make test-compat runs. Its aggregator's freshness barrier reads a
+// resourceVersion and waits for the pod watch to reach it. An API server
+// whose watch cache requests progress from etcd (ConsistentListFromCache,
+// on by default from 1.31, with etcd 3.5.13 or 3.4.31 and later) gets
+// there within about a second; an older one's watch cache does not move
+// past the pods' last change, so the proof waits for the next change of a
+// pod, and in a quiet cluster never comes: no count is written.
 const MinKubernetes = "1.31"
 
 // CheckKubernetes returns an error naming the API server's version
@@ -47,8 +48,9 @@ func CheckKubernetes(gitVersion string) error {
 		return fmt.Errorf("the API server's version %q cannot be read: %w", gitVersion, err)
 	}
 	if v.LessThan(k8sversion.MustParseGeneric(MinKubernetes)) {
-		return fmt.Errorf("the API server is Kubernetes %s, older than %s: tally needs consistent reads from the API server's watch cache "+
-			"(the ConsistentListFromCache feature, on by default from 1.31); without them the aggregator never proves its pod view fresh and writes no count",
+		return fmt.Errorf("the API server is Kubernetes %s, older than %s: tally needs an API server whose watch cache requests progress from etcd "+
+			"(the ConsistentListFromCache feature, on by default from 1.31); without it the aggregator proves its pod view fresh only once a pod changes, "+
+			"and writes no count in a cluster whose pods do not",
 			gitVersion, MinKubernetes)
 	}
 	return nil

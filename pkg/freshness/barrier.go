@@ -151,7 +151,8 @@ func (m *Monitor) barrier(ctx context.Context, gen uint64) error {
 			// bookmark: the API server's cache has seen nothing past it
 			// (one without consistent reads from its cache), or something
 			// between ends watches at once. Tried again after a back-off.
-			return fmt.Errorf("the watch from resourceVersion %s ended before it reached %s", from, read)
+			return fmt.Errorf("the watch from resourceVersion %s ended before it reached %s (an API server whose watch cache does not "+
+				"request progress from etcd, as before Kubernetes 1.31 or without ConsistentListFromCache or etcd 3.5.13, reaches it only with the next change)", from, read)
 		}
 		// The watch ended before it reached the version read: go on from
 		// where it was.

@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -150,6 +152,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"bad-image-digest.yaml":              "at '/image/digest': 'sha256:1234' does not match pattern",
 		"bad-replicas-without-election.yaml": "at '/aggregator/replicas': value must be one of 1, <nil>",
 		"bad-replicaset.yaml":                "at '/parents/0': 'not' failed",
+		"bad-pdb-min-available.yaml":         "'half' does not match pattern",
 		"bad-alert-ratio.yaml":               "at '/metrics/prometheusRule/thresholds/applyConflictRatio': maximum: got 2, want 1",
 		"bad-held-below-grace.yaml":          "heldPodSeconds (240) must be above aggregator.trackingGrace (5m, 300 s)",
 		"bad-alert-override.yaml":            "metrics.prometheusRule.overrides.TallyWebhookDwon: tally has no alert of that name",
@@ -324,7 +327,10 @@ func TestHAValues(t *testing.T) {
 	}
 	assert.True(t, pdb(), "2 replicas, minAvailable 1")
 	assert.False(t, pdb("webhook.replicas=1"), "1 replica, minAvailable 1: a drain could never evict it")
-	assert.True(t, pdb("webhook.replicas=1", "webhook.podDisruptionBudget.minAvailable=50%"))
+	assert.True(t, pdb("webhook.podDisruptionBudget.minAvailable=50%"), "2 replicas, 50%: 1")
+	assert.False(t, pdb("webhook.podDisruptionBudget.minAvailable=51%"), "2 replicas, 51%: 2, rounded up")
+	assert.False(t, pdb("webhook.replicas=1", "webhook.podDisruptionBudget.minAvailable=50%"), "1 replica, 50%: 1")
+	assert.False(t, pdb("webhook.podDisruptionBudget.minAvailable=null"), "no minAvailable: no budget")
 	assert.False(t, pdb("webhook.podDisruptionBudget.enabled=false"))
 
 	objs := objects(t, render(t, "two-parents.yaml"))
@@ -370,6 +376,7 @@ func TestAggregatorReplicas(t *testing.T) {
 		{name: "totals, no leader election", values: []string{"totals.yaml"}, set: []string{"aggregator.leaderElect=false"}, replicas: 1},
 		{name: "totals, no budget", values: []string{"totals.yaml"}, set: []string{"aggregator.podDisruptionBudget.enabled=false"}, replicas: 2},
 		{name: "counts alone, three replicas asked for", set: []string{"aggregator.replicas=3"}, replicas: 3, pdb: true},
+		{name: "totals, a percentage a drain cannot satisfy", values: []string{"totals.yaml"}, set: []string{"aggregator.podDisruptionBudget.minAvailable=60%"}, replicas: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -391,14 +398,16 @@ func TestAggregatorReplicas(t *testing.T) {
 			if tt.pdb {
 				assert.Equal(t, 1, pdb.Spec.MinAvailable.IntValue())
 				assert.Equal(t, d.Spec.Selector.MatchLabels, pdb.Spec.Selector.MatchLabels)
+				assert.Equal(t, policyv1.AlwaysAllow, *pdb.Spec.UnhealthyPodEvictionPolicy, "a replica that is not ready never holds a drain")
 			}
 		})
 	}
 }
 
-// TestHooksLeaveNothing: every hook's objects (the configuration check's,
-// the uninstall hook's with its pod-wide RBAC) are deleted whatever the
-// hook's outcome, and a failed hook Job's log is printed.
+// TestHooksLeaveNothing: every hook's permissions (the uninstall hook's
+// pod-wide RBAC) and objects are deleted whatever the hook's outcome, but
+// a failed uninstall Job, kept with its pods for its logs; a failed hook
+// Job's log is printed.
 func TestHooksLeaveNothing(t *testing.T) {
 	hooks := 0
 	for _, u := range objects(t, render(t, "totals.yaml")) {
@@ -408,11 +417,19 @@ func TestHooksLeaveNothing(t *testing.T) {
 		}
 		hooks++
 		policies := strings.Split(a["helm.sh/hook-delete-policy"], ",")
-		for _, p := range []string{"before-hook-creation", "hook-succeeded", "hook-failed"} {
+		want := []string{"before-hook-creation", "hook-succeeded", "hook-failed"}
+		if u.GetKind() == "Job" && u.GetName() == "tally-uninstall" {
+			want = want[:2]
+			assert.NotContains(t, policies, "hook-failed", "the failed uninstall Job is kept for its logs")
+		}
+		for _, p := range want {
 			assert.Contains(t, policies, p, "%s %s", u.GetKind(), u.GetName())
 		}
 		if u.GetKind() == "Job" {
 			assert.Equal(t, "hook-failed", a["helm.sh/hook-output-log-policy"], "Job %s", u.GetName())
+			var job batchv1.Job
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &job))
+			assert.Equal(t, corev1.RestartPolicyNever, job.Spec.Template.Spec.RestartPolicy, "Job %s: its failed pods are kept, with their logs", u.GetName())
 		}
 	}
 	assert.Greater(t, hooks, 8, "the configuration check's and the uninstall hook's objects")

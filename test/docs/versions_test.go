@@ -27,6 +27,9 @@ func TestKubernetesVersions(t *testing.T) {
 	require.NoError(t, err)
 	var minors []*k8sversion.Version
 	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
 		v, err := k8sversion.ParseGeneric(e.Name())
 		require.NoError(t, err, "hack/compat/%s is not named for a Kubernetes minor", e.Name())
 		minors = append(minors, v)

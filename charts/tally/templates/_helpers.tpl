@@ -124,6 +124,40 @@ running aggregator; a standby takes over within the lease's duration), else 1.
 {{- end -}}
 {{- end -}}
 
+{{/*
+A component's PodDisruptionBudget, rendered only when a drain can satisfy
+it: budget.minAvailable (a number, or a percentage of the replicas rounded
+up as the disruption controller does) below the replicas. Unhealthy pods
+(not ready, say while the API server is degraded) may always be evicted,
+so that no state of tally's pods holds a drain.
+*/}}
+{{- define "tally.podDisruptionBudget" -}}
+{{- $replicas := int .replicas -}}
+{{- $min := .budget.minAvailable -}}
+{{- $need := 0 -}}
+{{- if kindIs "string" $min -}}
+{{- $need = div (add (mul (int (trimSuffix "%" $min)) $replicas) 99) 100 -}}
+{{- else -}}
+{{- $need = int $min -}}
+{{- end -}}
+{{- if and .budget.enabled (not (kindIs "invalid" $min)) (lt (int $need) $replicas) }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "tally.fullname" .root }}-{{ .component }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "tally.labels" .root | nindent 4 }}
+spec:
+  minAvailable: {{ $min }}
+  unhealthyPodEvictionPolicy: AlwaysAllow
+  selector:
+    matchLabels:
+      {{- include "tally.selector" (dict "root" .root "component" .component) | nindent 6 }}
+{{- end }}
+{{- end -}}
+
 {{/* RBAC rules on the parent kinds, grouped by API group. */}}
 {{- define "tally.parentRules" -}}
 {{- $groups := dict -}}

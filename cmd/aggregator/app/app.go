@@ -165,8 +165,8 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 var errConfig = errors.New("the configuration cannot be served")
 
 // checkKubernetes logs an error when the API server is older than tally
-// supports (version.CheckKubernetes): the aggregator runs on, as the
-// feature it needs may have been turned on, but writes no count without it.
+// supports (version.CheckKubernetes). The aggregator runs on: its view is
+// proved fresh there too, but only once a pod changes.
 func checkKubernetes(log logr.Logger, cfg *rest.Config) {
 	cfg.Timeout = 30 * time.Second
 	disco, err := discovery.NewDiscoveryClientForConfig(cfg)

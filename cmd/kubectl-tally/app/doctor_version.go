@@ -19,7 +19,7 @@ func (c versionCheck) run(_ context.Context, d *doctor) Check {
 		return fail(name, "", "reading the API server's version: %v", err)
 	}
 	if err := version.CheckKubernetes(info.GitVersion); err != nil {
-		return fail(name, "upgrade the cluster to Kubernetes "+version.MinKubernetes+" or later, or turn on kube-apiserver's ConsistentListFromCache feature gate", "%v", err)
+		return fail(name, "upgrade the cluster to Kubernetes "+version.MinKubernetes+" or later", "%v", err)
 	}
 	return ok(name, "%s (tally supports %s and later)", info.GitVersion, version.MinKubernetes)
 }
