@@ -114,6 +114,11 @@ func counting() (*rest.Config, *requestCounter) {
 			if req.URL.Query().Get("watch") == "true" {
 				key += " watch"
 			}
+			// The freshness barrier's reads and short watches are of
+			// metadata alone; an informer's are of whole objects.
+			if strings.Contains(req.Header.Get("Accept"), "as=PartialObjectMetadata") {
+				key += " metadata"
+			}
 			rc.mu.Lock()
 			rc.count[key]++
 			rc.mu.Unlock()
