@@ -25,15 +25,16 @@ import (
 	"k8s.io/apiserver/pkg/cel/environment"
 	"k8s.io/utils/ptr"
 
+	tallyversion "tally.dev/tally/internal/version"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/identity"
 	"tally.dev/tally/pkg/keys"
 )
 
-// oldestAPIServer is the oldest Kubernetes version the chart installs on
-// (Chart.yaml's kubeVersion): the conditions must compile in the
-// environment it validates new expressions with.
-var oldestAPIServer = version.MajorMinor(1, 30)
+// oldestAPIServer is the oldest Kubernetes version tally supports (and the
+// chart installs on): the conditions must compile in the environment it
+// validates new expressions with.
+var oldestAPIServer = version.MustParseGeneric(tallyversion.MinKubernetes)
 
 // apiServerMatcher compiles the registration's pod conditions with the API
 // server's own CEL library, as it does for a mutating webhook.
