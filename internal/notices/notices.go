@@ -239,11 +239,19 @@ var licenceMarks = []struct {
 	{id: "MPL-2.0", marks: []string{"mozilla public license", "2.0"}},
 	{id: "JSON", marks: []string{"the software shall be used for good, not evil"}},
 	{id: "Commons-Clause", marks: []string{"commons clause"}},
-	{id: "GPL", marks: []string{"gnu general public license"}},
-	{id: "LGPL", marks: []string{"gnu lesser general public license"}},
-	{id: "AGPL", marks: []string{"gnu affero general public license"}},
+	// MPL-2.0 names the GNU licences as its "Secondary Licenses".
+	{id: "GPL", marks: []string{"gnu general public license"}, not: []string{"mozilla public license"}},
+	{id: "LGPL", marks: []string{"gnu lesser general public license"}, not: []string{"mozilla public license"}},
+	{id: "AGPL", marks: []string{"gnu affero general public license"}, not: []string{"mozilla public license"}},
 	{id: "SSPL", marks: []string{"server side public license"}},
 	{id: "BUSL", marks: []string{"business source license"}},
+	{id: "Elastic", marks: []string{"elastic license"}},
+	{id: "PolyForm", marks: []string{"polyform"}},
+	{id: "CC-NC/SA", marks: []string{"creative commons"}, not: []string{"cc0"}},
+	{id: "Confluent", marks: []string{"confluent community license"}},
+	{id: "RSAL", marks: []string{"redis source available license"}},
+	{id: "FSL", marks: []string{"functional source license"}},
+	{id: "NonCommercial", marks: []string{"noncommercial"}},
 }
 
 var space = regexp.MustCompile(`\s+`)

@@ -24,7 +24,7 @@ func TestClassify(t *testing.T) {
 		{name: "BSD-3-Clause", text: "Redistribution and use in source and binary forms, with or without\nmodification ... Neither the name of Google Inc. nor the names of its\ncontributors may be used to endorse or promote products derived from this software", want: []string{"BSD-3-Clause"}},
 		{name: "BSD-2-Clause", text: "Redistribution and use in source and binary forms, with or without modification, are permitted", want: []string{"BSD-2-Clause"}},
 		{name: "ISC", text: "Permission to use, copy, modify, and/or distribute this software for any\npurpose with or without fee is hereby granted", want: []string{"ISC"}},
-		{name: "MPL-2.0", text: "Mozilla Public License Version 2.0\n==================================", want: []string{"MPL-2.0"}},
+		{name: "MPL-2.0", text: "Mozilla Public License Version 2.0\n==================================\n1.12. \"Secondary License\" means either the GNU General Public License, Version 2.0, the GNU Lesser General Public License, Version 2.1, the GNU Affero General Public License, Version 3.0, or any later versions of those licenses.", want: []string{"MPL-2.0"}},
 		{name: "two in one file", text: "Apache License Version 2.0 ... and the MIT part: Permission is hereby granted, free of charge, to any person obtaining a copy", want: []string{"Apache-2.0", "MIT"}},
 		{name: "BSD-3-Clause, endorsement in other words", text: "Redistribution and use in source and binary forms ... The names of its contributors may not be used to endorse or promote products derived from this software", want: []string{"BSD-3-Clause"}},
 		{name: "BSD-4-Clause", text: "Redistribution and use in source and binary forms ... All advertising materials mentioning features or use of this software must display ... may be used to endorse or promote products derived from this software", want: []string{"BSD-4-Clause"}},
@@ -32,6 +32,8 @@ func TestClassify(t *testing.T) {
 		{name: "Apache-2.0 with the Commons Clause", text: "\"Commons Clause\" License Condition v1.0 ... Apache License Version 2.0", want: []string{"Apache-2.0", "Commons-Clause"}},
 		{name: "GPL", text: "GNU GENERAL PUBLIC LICENSE Version 3, 29 June 2007", want: []string{"GPL"}},
 		{name: "GPL quoting an MIT part", text: "GNU General Public License ... Permission is hereby granted, free of charge, to any person obtaining a copy", want: []string{"MIT", "GPL"}},
+		{name: "Apache-2.0 or the Elastic License", text: "Apache License Version 2.0, or the Elastic License 2.0, at your choice", want: []string{"Apache-2.0", "Elastic"}},
+		{name: "MIT and a noncommercial Creative Commons licence", text: "Permission is hereby granted, free of charge, to any person obtaining a copy ... Creative Commons Attribution-NonCommercial 4.0", want: []string{"MIT", "CC-NC/SA", "NonCommercial"}},
 		{name: "nothing", text: "All rights reserved."},
 	}
 	for _, tt := range tests {

@@ -108,7 +108,7 @@ func TestFirstWriteIsTheTruth(t *testing.T) {
 
 // TestOnePodWatchForAllKinds configures three parent kinds: the aggregator
 // opens exactly one pod watch against the API server (beside the freshness
-// barrier's short watches of metadata, which a busy machine may need).
+// barrier's watches of a few seconds, which a busy machine may need).
 func TestOnePodWatchForAllKinds(t *testing.T) {
 	ns := newNamespace(t)
 	cfg, requests := counting()

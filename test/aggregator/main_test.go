@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -114,10 +115,10 @@ func counting() (*rest.Config, *requestCounter) {
 			if req.URL.Query().Get("watch") == "true" {
 				key += " watch"
 			}
-			// The freshness barrier's reads and short watches are of
-			// metadata alone; an informer's are of whole objects.
-			if strings.Contains(req.Header.Get("Accept"), "as=PartialObjectMetadata") {
-				key += " metadata"
+			// The freshness barrier's watches last seconds; an
+			// informer's, minutes.
+			if s, err := strconv.Atoi(req.URL.Query().Get("timeoutSeconds")); err == nil && s < 60 {
+				key += " short"
 			}
 			rc.mu.Lock()
 			rc.count[key]++

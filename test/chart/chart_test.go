@@ -331,6 +331,8 @@ func TestHAValues(t *testing.T) {
 	assert.False(t, pdb("webhook.podDisruptionBudget.minAvailable=51%"), "2 replicas, 51%: 2, rounded up")
 	assert.False(t, pdb("webhook.replicas=1", "webhook.podDisruptionBudget.minAvailable=50%"), "1 replica, 50%: 1")
 	assert.False(t, pdb("webhook.podDisruptionBudget.minAvailable=null"), "no minAvailable: no budget")
+	assert.False(t, pdb("webhook.podDisruptionBudget.minAvailable=0"), "a budget of 0 protects nothing")
+	assert.False(t, pdb("webhook.podDisruptionBudget.minAvailable=0%"), "a budget of 0 protects nothing")
 	assert.False(t, pdb("webhook.podDisruptionBudget.enabled=false"))
 
 	objs := objects(t, render(t, "two-parents.yaml"))

@@ -125,11 +125,12 @@ running aggregator; a standby takes over within the lease's duration), else 1.
 {{- end -}}
 
 {{/*
-A component's PodDisruptionBudget, rendered only when a drain can satisfy
-it: budget.minAvailable (a number, or a percentage of the replicas rounded
-up as the disruption controller does) below the replicas. Unhealthy pods
-(not ready, say while the API server is degraded) may always be evicted,
-so that no state of tally's pods holds a drain.
+A component's PodDisruptionBudget, rendered only when it protects a pod and
+a drain can satisfy it: budget.minAvailable (a number, or a percentage of
+the replicas rounded up as the disruption controller does) above 0 and
+below the replicas. A running pod that is not ready (say while the API
+server is degraded) may always be evicted; a ready replica beside one that
+is not still holds a drain until the other is ready.
 */}}
 {{- define "tally.podDisruptionBudget" -}}
 {{- $replicas := int .replicas -}}
@@ -140,7 +141,7 @@ so that no state of tally's pods holds a drain.
 {{- else -}}
 {{- $need = int $min -}}
 {{- end -}}
-{{- if and .budget.enabled (not (kindIs "invalid" $min)) (lt (int $need) $replicas) }}
+{{- if and .budget.enabled (not (kindIs "invalid" $min)) (gt (int $need) 0) (lt (int $need) $replicas) }}
 ---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
