@@ -66,6 +66,10 @@ func assets() (string, error) {
 	return dir, nil
 }
 
+// stopTimeout is how long Stop waits for kube-apiserver or etcd to go after
+// SIGTERM before it SIGKILLs them (envtest's default is 20 s).
+const stopTimeout = 5 * time.Second
+
 // Start starts kube-apiserver and etcd from assets and installs the CRDs.
 func Start(opts Options) (*Env, error) {
 	dir, err := assets()
@@ -79,8 +83,17 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the control plane's folder: %w", err)
 	}
+	// kube-apiserver and etcd die with this process, whatever ends it
+	// (orphans_linux.go); Stop gives them stopTimeout to go after SIGTERM,
+	// then SIGKILLs them.
+	apiserverPath, etcdPath, err := supervise(filepath.Join(certDir, "bin"), dir)
+	if err != nil {
+		return nil, errors.Join(err, os.RemoveAll(certDir))
+	}
 	env := &envtest.Environment{
-		ControlPlane:          envtest.ControlPlane{APIServer: &envtest.APIServer{CertDir: certDir}},
+		ControlPlane: envtest.ControlPlane{APIServer: &envtest.APIServer{
+			CertDir: certDir, Path: apiserverPath, StopTimeout: stopTimeout,
+		}},
 		BinaryAssetsDirectory: dir,
 		CRDInstallOptions: envtest.CRDInstallOptions{
 			Paths:              append([]string{repo.Path("examples", "workerpool", "crd")}, opts.CRDPaths...),
@@ -90,7 +103,7 @@ func Start(opts Options) (*Env, error) {
 	}
 	// etcd's data lives in that folder too: envtest removes a data
 	// folder it made itself when etcd stops, and RestartEtcd needs it kept.
-	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(certDir, "etcd")}
+	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(certDir, "etcd"), Path: etcdPath, StopTimeout: stopTimeout}
 	if opts.EtcdQuotaBytes > 0 {
 		env.ControlPlane.Etcd.Configure().Set("quota-backend-bytes", strconv.FormatInt(opts.EtcdQuotaBytes, 10))
 	}
@@ -113,7 +126,7 @@ func (e *Env) Stop() error {
 }
 
 // RestartAPIServer kills kube-apiserver (SIGKILL: a crash, an OOM kill or
-// a lost machine; its graceful stop takes envtest's whole 20 s timeout),
+// a lost machine; its graceful stop would take Stop's whole timeout),
 // waits down, and starts it again on the same address, with the same
 // certificates and the same etcd: what an API server restart is to its
 // clients (every connection cut, new ones refused meanwhile, every watch to
