@@ -68,7 +68,7 @@ func assets() (string, error) {
 
 // stopTimeout is how long Stop waits for kube-apiserver or etcd to go after
 // SIGTERM before it SIGKILLs them (envtest's default is 20 s).
-const stopTimeout = 5 * time.Second
+const stopTimeout = 10 * time.Second
 
 // Start starts kube-apiserver and etcd from assets and installs the CRDs.
 func Start(opts Options) (*Env, error) {
@@ -85,16 +85,15 @@ func Start(opts Options) (*Env, error) {
 	}
 	// kube-apiserver and etcd die with this process, whatever ends it
 	// (orphans_linux.go); Stop gives them stopTimeout to go after SIGTERM,
-	// then SIGKILLs them.
+	// then SIGKILLs them (envtest sets that on both, over their own).
 	apiserverPath, etcdPath, err := supervise(filepath.Join(certDir, "bin"), dir)
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(certDir))
 	}
 	env := &envtest.Environment{
-		ControlPlane: envtest.ControlPlane{APIServer: &envtest.APIServer{
-			CertDir: certDir, Path: apiserverPath, StopTimeout: stopTimeout,
-		}},
-		BinaryAssetsDirectory: dir,
+		ControlPlane:            envtest.ControlPlane{APIServer: &envtest.APIServer{CertDir: certDir, Path: apiserverPath}},
+		ControlPlaneStopTimeout: stopTimeout,
+		BinaryAssetsDirectory:   dir,
 		CRDInstallOptions: envtest.CRDInstallOptions{
 			Paths:              append([]string{repo.Path("examples", "workerpool", "crd")}, opts.CRDPaths...),
 			ErrorIfPathMissing: true,
@@ -103,7 +102,7 @@ func Start(opts Options) (*Env, error) {
 	}
 	// etcd's data lives in that folder too: envtest removes a data
 	// folder it made itself when etcd stops, and RestartEtcd needs it kept.
-	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(certDir, "etcd"), Path: etcdPath, StopTimeout: stopTimeout}
+	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(certDir, "etcd"), Path: etcdPath}
 	if opts.EtcdQuotaBytes > 0 {
 		env.ControlPlane.Etcd.Configure().Set("quota-backend-bytes", strconv.FormatInt(opts.EtcdQuotaBytes, 10))
 	}

@@ -22,8 +22,8 @@ import (
 // the process that started it dies (PR_SET_PDEATHSIG), then executes the
 // binary in its place, which keeps that request. (The kernel sends it when
 // the thread that started the process ends; Go ends a thread only when a
-// goroutine that locked it to itself ends, which the programs that start a
-// control plane never do.)
+// goroutine that locked it to itself ends locked, as test/cluster's
+// dialFrom does: a program that starts a control plane must not do so.)
 const (
 	// realAssetsEnv is the folder of the binaries to execute.
 	realAssetsEnv = "TALLY_CONTROLPLANE_ASSETS"
@@ -44,7 +44,8 @@ func init() {
 		os.Exit(1)
 	}
 	// The parent may have died before the request: nothing would come.
-	if strconv.Itoa(os.Getppid()) != os.Getenv(parentEnv) {
+	if parent := os.Getenv(parentEnv); strconv.Itoa(os.Getppid()) != parent {
+		fmt.Fprintf(os.Stderr, "%s: started by process %d, not %q, which started the control plane: not starting\n", name, os.Getppid(), parent)
 		os.Exit(1)
 	}
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {

@@ -32,12 +32,12 @@ func TestHelperStartsAControlPlane(t *testing.T) {
 	ctx, _ := process.Interruptible()
 	env, err := Start(Options{})
 	if err != nil {
-		fmt.Println("ERROR", err)
+		fmt.Fprintln(os.Stderr, "starting the control plane:", err)
 		os.Exit(1)
 	}
 	pids, err := process.Children(os.Getpid(), supervised...)
 	if err != nil {
-		fmt.Println("ERROR", err)
+		fmt.Fprintln(os.Stderr, "finding its processes:", err)
 		os.Exit(1)
 	}
 	fmt.Println("PIDS", strings.Trim(fmt.Sprint(pids), "[]"))
@@ -59,7 +59,9 @@ func TestNothingOutlivesItsStarter(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperStartsAControlPlane$", "-test.v")
-			cmd.Env = append(os.Environ(), helperEnv+"=1")
+			// The control plane's folder, which a killed helper cannot
+			// remove, goes with the test's.
+			cmd.Env = append(os.Environ(), helperEnv+"=1", "TMPDIR="+t.TempDir())
 			cmd.Stderr = os.Stderr
 			out, err := cmd.StdoutPipe()
 			require.NoError(t, err)

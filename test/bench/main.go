@@ -137,8 +137,9 @@ const scenarioGrace = 40 * time.Second
 // scenarioGrace to return, and whatever it still runs then (its child
 // processes die with the bench, their parent) is left to the exit that
 // follows. kube-apiserver and etcd run in process groups of their own, so
-// an interrupt reaches them only this way; each gets envtest's stop
-// timeout (20 s) to exit on SIGTERM, then SIGKILL.
+// an interrupt reaches them only this way; each gets 10 s to exit on
+// SIGTERM, then SIGKILL, and dies with the bench if it ends first
+// (internal/controlplane).
 func withControlPlane(ctx context.Context, f func(context.Context, *framework.Env) error) error {
 	env, err := framework.Start(controlplane.Options{EtcdQuotaBytes: 8 << 30})
 	if err != nil {
