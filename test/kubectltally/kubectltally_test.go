@@ -231,6 +231,7 @@ func TestExplainAndDoctor(t *testing.T) {
 			"parent kind WorkerPool.example.tally.dev", "tracking finalizers", "admission policies", "permissions"} {
 			assert.Contains(t, out, "OK    "+check+": ")
 		}
+		assert.Contains(t, out, "none finished more than 2m0s (the aggregator's --tracking-grace) ago", "the grace read from the chart's Deployment")
 	})
 
 	t.Run("doctor --config: a custom count that does not compile", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -108,5 +109,34 @@ func TestSchemaType(t *testing.T) {
 		declaredAs, ok := schemaType(crd, tt.version, strings.Split(tt.path, "."))
 		assert.Equal(t, tt.declared, ok, "%s %s declared", tt.version, tt.path)
 		assert.Equal(t, tt.accepted, ok && servable.Mistyped(tt.path, declaredAs, tt.want) == "", "%s %s (%q) takes %s", tt.version, tt.path, declaredAs, tt.want)
+	}
+}
+
+func TestTrackingGraceOf(t *testing.T) {
+	tests := []struct {
+		args  []string
+		grace time.Duration
+		ok    bool
+		err   string
+	}{
+		{args: []string{"/aggregator", "--config=/etc/tally/config.yaml", "--tracking-grace=5m"}, grace: 5 * time.Minute, ok: true},
+		{args: []string{"/aggregator", "-tracking-grace=90s"}, grace: 90 * time.Second, ok: true},
+		{args: []string{"/aggregator", "--tracking-grace", "1h"}, grace: time.Hour, ok: true},
+		{args: []string{"/aggregator", "--leader-elect=true"}},
+		{args: []string{"/aggregator", "--", "--tracking-grace=5m"}},
+		{args: []string{"/aggregator", "--tracking-grace-extra=5m"}},
+		{args: []string{"/aggregator", "--tracking-grace=soon"}, err: `--tracking-grace "soon"`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			grace, ok, err := trackingGraceOf(tt.args)
+			if tt.err != "" {
+				assert.ErrorContains(t, err, tt.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.ok, ok)
+			assert.Equal(t, tt.grace, grace)
+		})
 	}
 }

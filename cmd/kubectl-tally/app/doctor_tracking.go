@@ -12,21 +12,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"tally.dev/tally/pkg/aggregate"
 	"tally.dev/tally/pkg/keys"
 )
-
-// trackingStuck is how long a finished pod may keep the tracking finalizer:
-// the aggregator releases it seconds after it finished (a leader failover
-// or a burst held back by the client's QPS takes well under a minute).
-const trackingStuck = 2 * time.Minute
 
 // maxStatusReads bounds the terminal pods carrying the tracking finalizer
 // whose status doctor reads to learn when they finished.
 const maxStatusReads = 200
 
 // trackingCheck looks for finished pods that still carry the tracking
-// finalizer trackingStuck after they finished (their deletion waits on
-// tally), and for pods released without being counted in the totals.
+// finalizer longer after they finished than the aggregator's
+// --tracking-grace (their deletion waits on tally; the aggregator releases
+// a pod it could not record once the grace has passed), and for pods
+// released without being counted in the totals.
 type trackingCheck struct{}
 
 func (trackingCheck) name() string { return "tracking finalizers" }
@@ -34,6 +32,7 @@ func (trackingCheck) name() string { return "tracking finalizers" }
 func (c trackingCheck) run(ctx context.Context, d *doctor) Check {
 	name := c.name()
 	now := time.Now()
+	trackingStuck, graceFrom := d.trackingGrace(ctx)
 	var carrying, read, unread int
 	var stuck, namespaces []string
 	report := func(namespace, name string, at time.Time) {
@@ -112,10 +111,61 @@ func (c trackingCheck) run(ctx context.Context, d *doctor) Check {
 		if unread > 0 {
 			more += fmt.Sprintf(" (%d more finished pods carry it; when they finished was not read)", unread)
 		}
-		return fail(name, fix, "%d finished pod(s) still carry %s more than %v after they finished (their deletion waits on it): %s%s",
-			len(stuck), keys.TrackingFinalizer, trackingStuck, strings.Join(shown, ", "), more)
+		return fail(name, fix, "%d finished pod(s) still carry %s more than %v (%s) after they finished (their deletion waits on it): %s%s",
+			len(stuck), keys.TrackingFinalizer, trackingStuck, graceFrom, strings.Join(shown, ", "), more)
 	}
-	return ok(name, "%d pod(s) carry %s; none finished more than %v ago", carrying, keys.TrackingFinalizer, trackingStuck)
+	return ok(name, "%d pod(s) carry %s; none finished more than %v (%s) ago", carrying, keys.TrackingFinalizer, trackingStuck, graceFrom)
+}
+
+// trackingGrace returns the aggregator's --tracking-grace, read from the
+// release's aggregator Deployment, and where it comes from; the flag's
+// default when that cannot be read.
+func (d *doctor) trackingGrace(ctx context.Context) (time.Duration, string) {
+	name := d.release + "-aggregator"
+	dep, err := d.cs.AppsV1().Deployments(d.tallyNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return aggregate.DefaultTrackingGrace, fmt.Sprintf("--tracking-grace's default: Deployment %s/%s not read: %v", d.tallyNamespace, name, err)
+	}
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		grace, ok, err := trackingGraceOf(append(slices.Clone(c.Command), c.Args...))
+		switch {
+		case err != nil:
+			return aggregate.DefaultTrackingGrace, fmt.Sprintf("--tracking-grace's default: Deployment %s/%s: %v", d.tallyNamespace, name, err)
+		case ok:
+			return grace, "the aggregator's --tracking-grace"
+		}
+	}
+	return aggregate.DefaultTrackingGrace, "--tracking-grace's default"
+}
+
+// trackingGraceOf returns the --tracking-grace a command line sets, in any
+// of the forms Go's flag package takes.
+func trackingGraceOf(args []string) (time.Duration, bool, error) {
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		flag := strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		if flag == a {
+			continue
+		}
+		value, hasValue := "", false
+		switch {
+		case strings.HasPrefix(flag, "tracking-grace="):
+			value, hasValue = strings.TrimPrefix(flag, "tracking-grace="), true
+		case flag == "tracking-grace" && i+1 < len(args):
+			value, hasValue = args[i+1], true
+		}
+		if !hasValue {
+			continue
+		}
+		grace, err := time.ParseDuration(value)
+		if err != nil {
+			return 0, false, fmt.Errorf("--tracking-grace %q: %w", value, err)
+		}
+		return grace, true, nil
+	}
+	return 0, false, nil
 }
 
 // finishedAt is when a pod finished: its deletion was asked for, or (a
