@@ -226,16 +226,9 @@ func chartImage(root string) (version, repository string, err error) {
 // packages link on linux/arch, with the directories that hold them; an
 // error if a module's licence is missing or not allowed.
 func bundledNotices(root, arch string, packages []string) ([]image.File, error) {
-	mods, err := notices.Bundled(context.Background(), root, []string{"linux/" + arch}, packages)
+	found, err := notices.Ship(context.Background(), root, []string{"linux/" + arch}, packages)
 	if err != nil {
-		return nil, err
-	}
-	if err := notices.Check(mods); err != nil {
-		return nil, fmt.Errorf("the image would bundle modules it may not ship: %w", err)
-	}
-	found, err := notices.Files(mods)
-	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("the image's licences: %w", err)
 	}
 	var files []image.File
 	dirs := map[string]bool{}

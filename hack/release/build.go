@@ -390,16 +390,9 @@ func copyFile(src, dst string) error {
 // of its archives carries (.goreleaser.yaml); an error if a module's
 // licence is missing or not allowed.
 func stageNotices(root, dir string) error {
-	mods, err := notices.Bundled(context.Background(), root, notices.Platforms, []string{"./cmd/kubectl-tally"})
+	files, err := notices.Ship(context.Background(), root, notices.Platforms, []string{"./cmd/kubectl-tally"})
 	if err != nil {
-		return err
-	}
-	if err := notices.Check(mods); err != nil {
-		return fmt.Errorf("kubectl-tally would bundle modules a release may not ship: %w", err)
-	}
-	files, err := notices.Files(mods)
-	if err != nil {
-		return err
+		return fmt.Errorf("kubectl-tally's licences: %w", err)
 	}
 	for _, f := range files {
 		p := filepath.Join(dir, filepath.FromSlash(strings.TrimPrefix(f.Name, notices.Dir+"/")))

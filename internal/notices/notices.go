@@ -48,8 +48,6 @@ type Module struct {
 	// and a package the build links (a package forked from elsewhere keeps
 	// its own licence beside it), in lexical order.
 	Files []string
-	// pkgDirs are the folders of the packages the build links.
-	pkgDirs map[string]bool
 	// Licenses are the SPDX identifiers its licence files match.
 	Licenses []string
 	// Unknown are the licence files that match no licence Classify knows.
@@ -67,12 +65,14 @@ type File struct {
 // each of platforms, link, the standard library among them, in path order.
 func Bundled(ctx context.Context, root string, platforms, pkgs []string) ([]Module, error) {
 	byPath := map[string]*Module{}
+	// pkgDirs are the folders of the packages linked, by module path.
+	pkgDirs := map[string]map[string]bool{}
 	for _, p := range platforms {
 		goos, goarch, ok := strings.Cut(p, "/")
 		if !ok {
 			return nil, fmt.Errorf("platform %q is not GOOS/GOARCH", p)
 		}
-		if err := linked(ctx, root, goos, goarch, pkgs, byPath); err != nil {
+		if err := linked(ctx, root, goos, goarch, pkgs, byPath, pkgDirs); err != nil {
 			return nil, err
 		}
 	}
@@ -83,10 +83,9 @@ func Bundled(ctx context.Context, root string, platforms, pkgs []string) ([]Modu
 	byPath[std.Path] = std
 	var out []Module
 	for _, m := range byPath {
-		if err := m.read(); err != nil {
+		if err := m.read(pkgDirs[m.Path]); err != nil {
 			return nil, err
 		}
-		m.pkgDirs = nil
 		out = append(out, *m)
 	}
 	slices.SortFunc(out, func(a, b Module) int { return strings.Compare(a.Path, b.Path) })
@@ -104,8 +103,9 @@ type listed struct {
 }
 
 // linked adds to byPath the modules of the packages pkgs and their
-// dependencies for one platform, with the folders of those packages.
-func linked(ctx context.Context, root, goos, goarch string, pkgs []string, byPath map[string]*Module) error {
+// dependencies for one platform, and to pkgDirs the folders of those
+// packages.
+func linked(ctx context.Context, root, goos, goarch string, pkgs []string, byPath map[string]*Module, pkgDirs map[string]map[string]bool) error {
 	cmd := exec.CommandContext(ctx, "go", append([]string{"list", "-deps", "-json=Dir,Module"}, pkgs...)...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0")
@@ -129,7 +129,7 @@ func linked(ctx context.Context, root, goos, goarch string, pkgs []string, byPat
 		}
 		mod := byPath[m.Path]
 		if mod == nil {
-			mod = &Module{Path: m.Path, Version: m.Version, Dir: m.Dir, pkgDirs: map[string]bool{}}
+			mod = &Module{Path: m.Path, Version: m.Version, Dir: m.Dir}
 			if r := m.Replace; r != nil {
 				mod.Version, mod.Dir = r.Version, r.Dir
 			}
@@ -137,8 +137,9 @@ func linked(ctx context.Context, root, goos, goarch string, pkgs []string, byPat
 				return fmt.Errorf("module %s %s is not in the module cache (go mod download)", mod.Path, mod.Version)
 			}
 			byPath[m.Path] = mod
+			pkgDirs[m.Path] = map[string]bool{}
 		}
-		mod.pkgDirs[l.Dir] = true
+		pkgDirs[m.Path][l.Dir] = true
 	}
 }
 
@@ -167,10 +168,11 @@ var noticeFile = regexp.MustCompile(`(?i)^(licen[cs]e|copying|notice)([._-][a-z0
 var sourceFile = regexp.MustCompile(`(?i)\.(go|s|c|h|py|sh|json|ya?ml|proto)$`)
 
 // read finds m's licence and NOTICE files, in its root and in every folder
-// from a linked package's up to the root, and classifies its licences.
-func (m *Module) read() error {
+// from a linked package's (in pkgDirs) up to the root, and classifies its
+// licences.
+func (m *Module) read(pkgDirs map[string]bool) error {
 	dirs := map[string]bool{".": true}
-	for d := range m.pkgDirs {
+	for d := range pkgDirs {
 		rel, err := filepath.Rel(m.Dir, d)
 		if err != nil || !filepath.IsLocal(rel) && rel != "." {
 			continue // a package outside its module's folder: none is
@@ -191,7 +193,6 @@ func (m *Module) read() error {
 		}
 	}
 	slices.Sort(m.Files)
-	m.Unknown = nil
 	for _, name := range m.Files {
 		if isNotice(name) {
 			continue
@@ -304,6 +305,20 @@ func Check(mods []Module) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Ship returns the files to ship with a build of pkgs for platforms
+// (Bundled, then Files), or an error if a module's licence is missing or
+// not allowed (Check).
+func Ship(ctx context.Context, root string, platforms, pkgs []string) ([]File, error) {
+	mods, err := Bundled(ctx, root, platforms, pkgs)
+	if err != nil {
+		return nil, err
+	}
+	if err := Check(mods); err != nil {
+		return nil, fmt.Errorf("the build would bundle modules it may not ship: %w", err)
+	}
+	return Files(mods)
 }
 
 // Files returns the files to ship for mods: each module's licence and

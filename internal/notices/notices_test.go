@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/internal/repo"
 )
@@ -117,4 +118,35 @@ func TestBundledModules(t *testing.T) {
 		assert.Contains(t, index, m.Path+" "+m.Version+" ", "the index lists every module")
 	}
 	assert.True(t, slices.IsSortedFunc(mods, func(a, b Module) int { return strings.Compare(a.Path, b.Path) }))
+}
+
+// TestPlatformsAreTheReleases: Platforms are those .goreleaser.yaml builds
+// kubectl-tally for, so that the archives carry the licences of what each
+// platform links.
+func TestPlatformsAreTheReleases(t *testing.T) {
+	data, err := os.ReadFile(repo.Path(".goreleaser.yaml"))
+	require.NoError(t, err)
+	var cfg struct {
+		Builds []struct {
+			ID     string
+			Goos   []string
+			Goarch []string
+			Ignore []struct{ Goos, Goarch string }
+		}
+	}
+	require.NoError(t, yaml.Unmarshal(data, &cfg))
+	var built []string
+	for _, b := range cfg.Builds {
+		if b.ID != "kubectl-tally" {
+			continue
+		}
+		for _, goos := range b.Goos {
+			for _, goarch := range b.Goarch {
+				if !slices.ContainsFunc(b.Ignore, func(i struct{ Goos, Goarch string }) bool { return i.Goos == goos && i.Goarch == goarch }) {
+					built = append(built, goos+"/"+goarch)
+				}
+			}
+		}
+	}
+	assert.ElementsMatch(t, built, Platforms)
 }

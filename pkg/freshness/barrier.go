@@ -152,7 +152,7 @@ func (m *Monitor) barrier(ctx context.Context, gen uint64) error {
 			// (one without consistent reads from its cache), or something
 			// between ends watches at once. Tried again after a back-off.
 			return fmt.Errorf("the watch from resourceVersion %s ended before it reached %s (an API server whose watch cache does not "+
-				"request progress from etcd, as before Kubernetes 1.31 or without ConsistentListFromCache or etcd 3.5.13, reaches it only with the next change)", from, read)
+				"request progress from etcd, as before Kubernetes 1.31, without ConsistentListFromCache, or with an etcd older than 3.5.13, reaches it only with the next change)", from, read)
 		}
 		// The watch ended before it reached the version read: go on from
 		// where it was.
