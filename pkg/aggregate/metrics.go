@@ -106,11 +106,14 @@ var (
 // stopped manager saw and never picked up (a deposed leader's) is not
 // reported as waiting by the manager started after it.
 type observed struct {
-	changes *pending
-	counted *published
+	changes  *pending
+	counted  *published
+	compared *compared
 }
 
-func newObserved() *observed { return &observed{changes: newPending(), counted: newPublished()} }
+func newObserved() *observed {
+	return &observed{changes: newPending(), counted: newPublished(), compared: newCompared()}
+}
 
 // current is the observed of the manager running, or of none (empty).
 var current atomic.Pointer[observed]
@@ -142,9 +145,16 @@ type currentCounts struct{}
 func (currentCounts) Describe(ch chan<- *prometheus.Desc) {
 	ch <- podsDesc
 	ch <- parentsDesc
+	ch <- comparedDesc
+	ch <- differingDesc
+	ch <- differenceDesc
 }
 
-func (currentCounts) Collect(ch chan<- prometheus.Metric) { current.Load().counted.Collect(ch) }
+func (currentCounts) Collect(ch chan<- prometheus.Metric) {
+	o := current.Load()
+	o.counted.Collect(ch)
+	o.compared.Collect(ch)
+}
 
 func init() {
 	current.Store(newObserved())

@@ -40,6 +40,9 @@ type Reconciler struct {
 	counts, totals []config.Field
 	// ledger is the ledger's path; nil when the kind keeps no totals.
 	ledger []string
+	// compare are the fields the kind's operator keeps that are compared
+	// with tally's counts (shadow mode).
+	compare []compareField
 	// custom is how many custom counts the kind defines; broken are
 	// those it cannot keep (nil: none).
 	custom   int
@@ -102,6 +105,10 @@ type Deps struct {
 	// recording, when set, keeps Unrecorded from releasing a parent's
 	// pods as lost while this reconciler records them.
 	recording *recordLocks
+	// DriftAfter is how long a field the parent's operator keeps may
+	// differ from tally's count before the parent gets a Warning Event;
+	// DefaultDriftAfter when 0.
+	DriftAfter time.Duration
 }
 
 var _ reconcile.Reconciler = (*Reconciler)(nil)
@@ -123,8 +130,13 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	if deps.observed == nil {
 		deps.observed = newObserved()
 	}
+	if deps.DriftAfter <= 0 {
+		deps.DriftAfter = DefaultDriftAfter
+	}
+	compare := compareFields(parent)
+	deps.observed.compared.init(kind, compare)
 	return &Reconciler{
-		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(), custom: len(parent.CustomCounts),
+		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(), custom: len(parent.CustomCounts), compare: compare,
 		broken:   deps.Reports.of(parent),
 		releases: newReleases(), written: newWritten(), Deps: deps, rules: mutate.NewMutator([]config.Parent{parent}, nil),
 		reconciledTotal: reconciles.WithLabelValues(kind), applied: applies.WithLabelValues(kind),
@@ -190,6 +202,7 @@ func (r *Reconciler) reconcileFrom(ctx context.Context, req reconcile.Request, k
 		}
 		r.written.forget(key)
 		r.observed.counted.forget(key)
+		r.observed.compared.forget(key)
 		if r.Deps.reconciled != nil {
 			r.Deps.reconciled.forget(key)
 		}
@@ -204,6 +217,16 @@ func (r *Reconciler) reconcileFrom(ctx context.Context, req reconcile.Request, k
 		return reconcile.Result{}, err
 	}
 	r.observed.counted.set(key, counts)
+	result, err := r.write(ctx, parent, pods, counts)
+	if again := r.compareCounts(ctx, key, parent, counts); again > 0 {
+		result = earliest(result, reconcile.Result{RequeueAfter: again})
+	}
+	return result, err
+}
+
+// write applies the counts of parent's pods, and for a kind with totals
+// takes a step of the ledger protocol.
+func (r *Reconciler) write(ctx context.Context, parent *unstructured.Unstructured, pods []*count.Pod, counts count.Counts) (reconcile.Result, error) {
 	inScope := r.Scope.Selects(ctx, parent.GetNamespace())
 	if r.ledger == nil || !inScope {
 		// A kind that keeps no totals (any more), or a parent in a

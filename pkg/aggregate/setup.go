@@ -99,6 +99,10 @@ type Options struct {
 	// answered 409 Conflict while the parent's cache lags behind the
 	// writes before it.
 	NewCache cache.NewCacheFunc
+	// DriftAfter is how long a field a parent's operator keeps may differ
+	// from tally's count before the parent gets a Warning Event;
+	// DefaultDriftAfter when 0.
+	DriftAfter time.Duration
 	// CustomCountReports are the process's reports of the custom counts
 	// that cannot be kept (NewCustomCountReports); nil: each reconciler
 	// reports its own.
@@ -262,6 +266,7 @@ func (k *kinds) serve(ctx context.Context, p config.Parent) (*servable.Problem, 
 		Parents: k.parents, Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
 		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite, ViewEpoch: k.opts.ViewEpoch,
 		Recorder: k.recorder, Reports: k.opts.CustomCountReports, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, recording: k.recording, observed: k.observed,
+		DriftAfter: k.opts.DriftAfter,
 	})
 	b := ctrl.NewControllerManagedBy(k.mgr).
 		Named(strings.ToLower(kind)).

@@ -109,6 +109,18 @@ type Parent struct {
 	// CustomCounts are the counts the user defines, at most
 	// MaxCustomCounts.
 	CustomCounts []CustomCount `json:"customCounts,omitempty"`
+	// Compare maps counts to status fields that the parent's operator
+	// keeps itself (shadow mode): the aggregator compares each with its
+	// own count, reports where they differ, and never writes them. Keys
+	// are the counts of the pods that exist and the kind's custom counts.
+	// After Parse it holds only the comparisons that can be made.
+	Compare map[Count]string `json:"compare,omitempty"`
+	// CompareErrs are why the other comparisons cannot be made, by count
+	// (the empty count: compare itself is not a map), found by Parse. As
+	// for custom counts, only the aggregator reads them: it makes the
+	// comparisons it can, the webhook ignores them, and Check refuses
+	// the configuration.
+	CompareErrs map[Count]error `json:"-"`
 }
 
 // CustomCount is a count the user defines: the pods of the parent (the
@@ -235,6 +247,19 @@ func (c *Config) CustomCountErrors() error {
 	return errors.Join(errs...)
 }
 
+// CompareErrors returns the errors of every comparison that cannot be made
+// (Parent.CompareErrs), joined in the order of the parents and the counts;
+// nil when there are none.
+func (c *Config) CompareErrors() error {
+	var errs []error
+	for _, p := range c.Parents {
+		for _, name := range slices.Sorted(maps.Keys(p.CompareErrs)) {
+			errs = append(errs, p.CompareErrs[name])
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Load reads and validates the configuration file at path.
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
@@ -259,11 +284,12 @@ func (e *InvalidError) Unwrap() error { return e.Err }
 // it and applies defaults. Its error is an *InvalidError.
 //
 // A custom count's own problems (its keys and values, name, path or
-// expression) do not make the document invalid: they are the count's Err, so that a mistake
-// only the aggregator's counting reads cannot stop the webhook, nor the
-// aggregator's other work. Check refuses them too.
+// expression) do not make the document invalid: they are the count's Err,
+// so that a mistake only the aggregator's counting reads cannot stop the
+// webhook, nor the aggregator's other work. Nor do a comparison's
+// (Parent.CompareErrs). Check refuses them too.
 func Parse(data []byte) (*Config, error) {
-	rest, custom, err := takeCustomCounts(data)
+	rest, custom, compare, err := takeAggregatorKeys(data)
 	if err != nil {
 		return nil, &InvalidError{fmt.Errorf("decoding: %w", err)}
 	}
@@ -279,6 +305,12 @@ func Parse(data []byte) (*Config, error) {
 			return nil, &InvalidError{fmt.Errorf("decoding: parents[%d]: not a parent kind", i)}
 		}
 		cfg.Parents[i].CustomCounts = counts
+	}
+	for i, c := range compare {
+		if i >= len(cfg.Parents) {
+			return nil, &InvalidError{fmt.Errorf("decoding: parents[%d]: not a parent kind", i)}
+		}
+		cfg.Parents[i].Compare, cfg.Parents[i].CompareErrs = c.paths, c.errs
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, &InvalidError{err}
@@ -303,7 +335,7 @@ func Check(data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.CustomCountErrors(); err != nil {
+	if err := errors.Join(cfg.CustomCountErrors(), cfg.CompareErrors()); err != nil {
 		return nil, &InvalidError{err}
 	}
 	return cfg, nil
@@ -311,7 +343,7 @@ func Check(data []byte) (*Config, error) {
 
 var (
 	topKeys    = []string{"parents", "verifyOwner", "namespaceSelector"}
-	parentKeys = []string{"group", "version", "kind", "resource", "counts", "ledger", "customCounts"}
+	parentKeys = []string{"group", "version", "kind", "resource", "counts", "ledger", "customCounts", "compare"}
 	customKeys = []string{"name", "path", "expression"}
 )
 
@@ -339,49 +371,95 @@ func checkKeys(data []byte) error {
 	return errors.Join(errs...)
 }
 
-// takeCustomCounts takes each parent's customCounts out of the document
-// data, and decodes every custom count on its own: a count that does not
-// decode (a key twice, an unknown key, a value of the wrong type, an item
-// that is not a map) gets the problem as its Err, as does a customCounts
-// that is not a list. It returns the rest of the document, whose decoding
-// is as strict as ever, and the custom counts by parent index.
-func takeCustomCounts(data []byte) ([]byte, map[int][]CustomCount, error) {
+// takeAggregatorKeys takes each parent's customCounts and compare out of the
+// document data, the keys only the aggregator reads, and decodes each
+// custom count and each comparison on its own: one that does not decode (a
+// key twice, an unknown key, a value of the wrong type, an item that is not
+// a map) gets the problem as its error, as does a customCounts that is not a
+// list or a compare that is not a map. It returns the rest of the document,
+// whose decoding is as strict as ever, and the custom counts and the
+// comparisons by parent index.
+func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]comparisons, error) {
 	var root yamlv3.Node
 	if err := yamlv3.Unmarshal(data, &root); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if root.Kind != yamlv3.DocumentNode || len(root.Content) != 1 || root.Content[0].Kind != yamlv3.MappingNode {
-		return data, nil, nil // the strict decoding says what is wrong
+		return data, nil, nil, nil // the strict decoding says what is wrong
 	}
 	parents := mappingValue(root.Content[0], "parents")
 	if parents == nil || parents.Kind != yamlv3.SequenceNode {
-		return data, nil, nil
+		return data, nil, nil, nil
 	}
 	custom := map[int][]CustomCount{}
+	compare := map[int]comparisons{}
 	for i, p := range parents.Content {
 		if p.Kind != yamlv3.MappingNode {
 			continue
 		}
 		var keep []*yamlv3.Node
-		var list []*yamlv3.Node
+		taken := map[string][]*yamlv3.Node{}
 		for k := 0; k+1 < len(p.Content); k += 2 {
-			if p.Content[k].Value == "customCounts" {
-				list = append(list, p.Content[k+1])
+			if key := p.Content[k].Value; key == "customCounts" || key == "compare" {
+				taken[key] = append(taken[key], p.Content[k+1])
 				continue
 			}
 			keep = append(keep, p.Content[k], p.Content[k+1])
 		}
-		if len(list) != 1 {
-			continue // none, or the key twice: the strict decoding refuses that
+		// None, or a key twice: the strict decoding refuses that.
+		counts, comps := taken["customCounts"], taken["compare"]
+		if len(counts) > 1 || len(comps) > 1 || len(counts)+len(comps) == 0 {
+			continue
 		}
 		p.Content = keep
-		custom[i] = decodeCustomCounts(fmt.Sprintf("parents[%d].customCounts", i), list[0])
+		if len(counts) == 1 {
+			custom[i] = decodeCustomCounts(fmt.Sprintf("parents[%d].customCounts", i), counts[0])
+		}
+		if len(comps) == 1 {
+			compare[i] = decodeCompare(fmt.Sprintf("parents[%d].compare", i), comps[0])
+		}
 	}
-	if len(custom) == 0 {
-		return data, nil, nil
+	if len(custom)+len(compare) == 0 {
+		return data, nil, nil, nil
 	}
 	rest, err := yamlv3.Marshal(&root)
-	return rest, custom, err
+	return rest, custom, compare, err
+}
+
+// comparisons are one parent's compare, decoded: the paths by count, and
+// the entries that do not decode.
+type comparisons struct {
+	paths map[Count]string
+	errs  map[Count]error
+}
+
+// decodeCompare decodes the compare map node m, at key: each entry whose
+// value is a string is a path; the others are errors.
+func decodeCompare(key string, m *yamlv3.Node) comparisons {
+	c := comparisons{paths: map[Count]string{}, errs: map[Count]error{}}
+	switch {
+	case m.Kind == yamlv3.ScalarNode && m.Tag == "!!null":
+		return comparisons{}
+	case m.Kind != yamlv3.MappingNode:
+		c.errs[""] = fmt.Errorf("%s: not a map of count names to the status paths the operator keeps (e.g. completing: status.completing)", key)
+		return c
+	}
+	for k := 0; k+1 < len(m.Content); k += 2 {
+		name, value := Count(m.Content[k].Value), m.Content[k+1]
+		at := fmt.Sprintf("%s.%s", key, name)
+		_, dup := c.paths[name]
+		_, bad := c.errs[name]
+		switch {
+		case dup || bad:
+			c.errs[name] = fmt.Errorf("%s: given twice", at)
+			delete(c.paths, name)
+		case value.Kind != yamlv3.ScalarNode || value.Tag != "!!str":
+			c.errs[name] = fmt.Errorf("%s: not a status path (e.g. status.%s)", at, name)
+		default:
+			c.paths[name] = value.Value
+		}
+	}
+	return c
 }
 
 // mappingValue returns the value of key in the mapping node m; nil if m has
@@ -492,6 +570,7 @@ func (c *Config) validate() error {
 			counts = DefaultCounts // as Parse will map them
 		}
 		errs = append(errs, validateCounts(at, p.GroupKind().String(), counts, p.Ledger, c.Parents[i].CustomCounts)...)
+		validateCompare(at, &c.Parents[i], counts)
 		switch {
 		case p.Tracked() && p.Ledger == "":
 			errs = append(errs, fmt.Errorf("%s.ledger: required when completedTotal or unexpectedTotal is mapped (e.g. status.tallyLedger)", at))
@@ -590,6 +669,64 @@ func validateCustomCounts(at, kind string, custom []CustomCount, mapPath func(ke
 			errs = append(errs, fmt.Errorf("%s.expression: the expression of %s's count %q %w", key, kind, c.Name, err))
 		}
 		c.Err = errors.Join(errs...)
+	}
+}
+
+// validateCompare moves each comparison of p that cannot be made from
+// p.Compare to p.CompareErrs: a count that is not one of the pods that
+// exist (a total counts only the pods that finished since tally tracked
+// the kind) nor a custom count of the kind that can be kept, or a path
+// that is not valid or overlaps a field tally writes (counts, its mapped
+// counts). Called after the custom counts are validated.
+func validateCompare(at string, p *Parent, counts map[Count]string) {
+	if len(p.Compare) == 0 {
+		return
+	}
+	written := map[string]string{}
+	for name, path := range counts {
+		written[path] = "count " + string(name)
+	}
+	if p.Ledger != "" {
+		written[p.Ledger] = "the ledger"
+	}
+	custom := map[Count]*CustomCount{}
+	for i := range p.CustomCounts {
+		c := &p.CustomCounts[i]
+		custom[Count(c.Name)] = c
+		if c.Err == nil {
+			written[c.Path] = "count " + c.Name
+		}
+	}
+	if p.CompareErrs == nil {
+		p.CompareErrs = map[Count]error{}
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.Compare)) {
+		path := p.Compare[name]
+		var problem error
+		c, isCustom := custom[name]
+		switch {
+		case slices.Contains(Counts, name) || isCustom && c.Err == nil:
+			problem = validatePath(path, string(name))
+		case name.Total():
+			problem = errors.New("a total cannot be compared: tally's total counts only the pods that finished since it tracked the kind, so it differs from the operator's by what came before")
+		case isCustom:
+			problem = fmt.Errorf("custom count %q cannot be kept, so it cannot be compared", name)
+		default:
+			problem = fmt.Errorf("unknown count %q, must be one of completing, completed, active, unexpected, or a custom count of the kind", name)
+		}
+		for _, other := range slices.Sorted(maps.Keys(written)) {
+			if problem == nil && (other == path || strings.HasPrefix(other, path+".") || strings.HasPrefix(path, other+".")) {
+				problem = fmt.Errorf("field path %q overlaps %q, which tally writes (%s): shadow mode compares a field the operator keeps "+
+					"with tally's count written to a field of its own (e.g. map %s to status.tally.%s)", path, other, written[other], name, name)
+			}
+		}
+		if problem != nil {
+			p.CompareErrs[name] = fmt.Errorf("%s.compare.%s: %w", at, name, problem)
+			delete(p.Compare, name)
+		}
+	}
+	if len(p.CompareErrs) == 0 {
+		p.CompareErrs = nil
 	}
 }
 

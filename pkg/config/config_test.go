@@ -356,3 +356,87 @@ func TestParseCustomCounts(t *testing.T) {
 	require.Len(t, cfg.Parents[0].Broken(), 1, "the counts past the most one kind may have")
 	require.ErrorContains(t, cfg.Parents[0].CustomCounts[MaxCustomCounts].Err, "parents[0].customCounts[32]: A has more than 32 custom counts, the most one kind may have")
 }
+
+// TestParseCompare: a comparison that can be made is kept in Compare; one
+// that cannot is in CompareErrs, naming its key, the rest of the
+// configuration kept, and Check refuses the document with the same
+// message.
+func TestParseCompare(t *testing.T) {
+	const kind = "{group: example.tally.dev, version: v1, kind: A, counts: {completing: status.tally.completing, completedTotal: status.tally.done}, ledger: status.ledger, customCounts: [{name: ready, path: status.tally.ready, expression: 'true'}, {name: broken, path: status.tally.broken, expression: 'pod.nope'}], "
+	tests := map[string]struct {
+		compare string
+		want    map[Count]string
+		wantErr string
+	}{
+		"a built-in count": {
+			compare: "{completing: status.completing}",
+			want:    map[Count]string{Completing: "status.completing"},
+		},
+		"an unmapped count and a custom count": {
+			compare: "{active: status.running, ready: status.readyPods}",
+			want:    map[Count]string{Active: "status.running", "ready": "status.readyPods"},
+		},
+		"the field tally writes": {
+			compare: "{completing: status.tally.completing}",
+			wantErr: `parents[0].compare.completing: field path "status.tally.completing" overlaps "status.tally.completing", which tally writes (count completing)`,
+		},
+		"a field inside one tally writes": {
+			compare: "{ready: status.tally.ready.now}",
+			wantErr: `parents[0].compare.ready: field path "status.tally.ready.now" overlaps "status.tally.ready", which tally writes (count ready)`,
+		},
+		"the ledger": {
+			compare: "{active: status.ledger}",
+			wantErr: `overlaps "status.ledger", which tally writes (the ledger)`,
+		},
+		"a total": {
+			compare: "{completedTotal: status.done}",
+			wantErr: `parents[0].compare.completedTotal: a total cannot be compared`,
+		},
+		"an unknown count": {
+			compare: "{running: status.running}",
+			wantErr: `parents[0].compare.running: unknown count "running"`,
+		},
+		"a custom count that cannot be kept": {
+			compare: "{broken: status.broken}",
+			wantErr: `parents[0].compare.broken: custom count "broken" cannot be kept`,
+		},
+		"a path outside status": {
+			compare: "{completing: spec.completing}",
+			wantErr: `parents[0].compare.completing: field path "spec.completing" must be under status.`,
+		},
+		"a value that is not a path": {
+			compare: "{completing: 3}",
+			wantErr: `parents[0].compare.completing: not a status path`,
+		},
+		"a count twice": {
+			compare: "{completing: status.a, completing: status.b}",
+			wantErr: `parents[0].compare.completing: given twice`,
+		},
+		"not a map": {
+			compare: "[completing]",
+			wantErr: `parents[0].compare: not a map of count names`,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			doc := "parents: [" + kind + "compare: " + tc.compare + "}]\nverifyOwner: true\n"
+			cfg, err := Parse([]byte(doc))
+			require.NoError(t, err, "a comparison's problem is its own")
+			assert.True(t, cfg.VerifyOwner)
+			p := cfg.Parents[0]
+			assert.Equal(t, "status.tally.completing", p.Counts[Completing])
+			_, err = Check([]byte(doc))
+			if tc.wantErr == "" {
+				assert.Equal(t, tc.want, p.Compare)
+				assert.Empty(t, p.CompareErrs)
+				require.ErrorContains(t, err, "customCounts[1]", "only the broken custom count")
+				return
+			}
+			require.ErrorContains(t, cfg.CompareErrors(), tc.wantErr)
+			assert.Empty(t, p.Compare)
+			var invalid *InvalidError
+			require.ErrorAs(t, err, &invalid)
+			assert.Contains(t, err.Error(), tc.wantErr)
+		})
+	}
+}

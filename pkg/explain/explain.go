@@ -59,7 +59,29 @@ type Report struct {
 	// Unkept are the kind's custom counts the aggregator cannot keep
 	// (config.CustomCount.Err): it leaves their fields unwritten.
 	Unkept []Unkept `json:"unkept,omitempty"`
+	// Compared are the fields the parent's operator keeps that tally
+	// compares with its counts (shadow mode: the kind's compare), in the
+	// order of the counts.
+	Compared []Compared `json:"compared,omitempty"`
 }
+
+// Compared is a field the parent's operator keeps beside tally's count and
+// a fresh count.
+type Compared struct {
+	Count config.Count `json:"count"`
+	// Path is the operator's field; Operator its value (absent is 0), nil
+	// when it is not an integer.
+	Path     string `json:"path"`
+	Operator *int64 `json:"operator"`
+	// TallyPath is where tally writes the count, empty when it does not;
+	// Tally the value it shows, nil if absent.
+	TallyPath string `json:"tallyPath,omitempty"`
+	Tally     *int64 `json:"tally"`
+	Fresh     int64  `json:"fresh"`
+}
+
+// Equal reports whether the operator's field holds the fresh count.
+func (c Compared) Equal() bool { return c.Operator != nil && *c.Operator == c.Fresh }
 
 // Unkept is a custom count the aggregator cannot keep, and why.
 type Unkept struct {
@@ -202,6 +224,7 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 	for _, c := range p.Broken() {
 		r.Unkept = append(r.Unkept, Unkept{Count: config.Count(c.Name), Path: c.Path, Error: c.Err.Error()})
 	}
+	r.Compared = compared(parent, p, fresh, custom, r.Fields)
 	if p.Tracked() {
 		r.Ledger = &Ledger{Path: p.Ledger}
 		book, err := ledger.ReadBook(parent.Object, p.LedgerPath(), p.Fields())
@@ -212,6 +235,38 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		r.Ledger.Completed, r.Ledger.Unexpected = len(book.Completed), len(book.Unexpected)
 	}
 	return r
+}
+
+// compared returns the fields of parent its operator keeps, beside tally's
+// fields and the fresh counts: fresh by built-in count, custom the custom
+// counts evaluated.
+func compared(parent *unstructured.Unstructured, p config.Parent, fresh map[config.Count]int64, custom []*customField, fields []Field) []Compared {
+	var out []Compared
+	add := func(name config.Count, n int64) {
+		path, ok := p.Compare[name]
+		if !ok {
+			return
+		}
+		c := Compared{Count: name, Path: path, Fresh: n}
+		if v, ok := aggregate.OperatorValue(parent, strings.Split(path, ".")); ok {
+			c.Operator = &v
+		}
+		for _, f := range fields {
+			if f.Count == name {
+				c.TallyPath, c.Tally = f.Path, f.Tally
+			}
+		}
+		out = append(out, c)
+	}
+	for _, name := range config.Counts {
+		add(name, fresh[name])
+	}
+	for _, c := range custom {
+		if c.program != nil {
+			add(c.field.Count, int64(len(c.field.Matching)))
+		}
+	}
+	return out
 }
 
 // customField is a custom count being evaluated on the parent's pods.

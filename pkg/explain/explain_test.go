@@ -162,6 +162,22 @@ func TestExplain(t *testing.T) {
 		}
 		assert.Equal(t, []Unkept{{Count: "ready", Path: "status.ready", Error: "parents[0].customCounts[0].expression: does not compile"}}, r.Unkept)
 	})
+	t.Run("fields the operator keeps beside tally's and a fresh count", func(t *testing.T) {
+		shadow := parentKind
+		shadow.Compare = map[config.Count]string{config.Completing: "status.legacy.completing", config.Completed: "status.legacy.completed", "ready": "status.legacy.ready"}
+		shadow.CustomCounts = []config.CustomCount{{Name: "ready", Path: "status.ready", Expression: `pod.status.phase == "Running"`}}
+		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1), "unexpected": int64(1), "ready": int64(3),
+			"legacy": map[string]any{"completing": int64(3), "ready": "two"}}), shadow, pods)
+		assert.True(t, r.Equal, "tally's own fields hold the fresh counts")
+		assert.Equal(t, []Compared{
+			{Count: config.Completing, Path: "status.legacy.completing", Operator: ptr.To[int64](3), TallyPath: "status.completing", Tally: ptr.To[int64](1), Fresh: 1},
+			{Count: config.Completed, Path: "status.legacy.completed", Operator: ptr.To[int64](0), Fresh: 0},
+			{Count: "ready", Path: "status.legacy.ready", TallyPath: "status.ready", Tally: ptr.To[int64](3), Fresh: 3},
+		}, r.Compared, "absent is 0; not an integer is nil; a count tally does not write has no field")
+		assert.False(t, r.Compared[0].Equal())
+		assert.True(t, r.Compared[1].Equal())
+		assert.False(t, r.Compared[2].Equal())
+	})
 	t.Run("field absent", func(t *testing.T) {
 		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1)}), parentKind, pods)
 		assert.False(t, r.Equal)

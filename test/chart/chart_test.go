@@ -262,8 +262,9 @@ func TestRenderedConfigLoads(t *testing.T) {
 	}
 }
 
-// TestCustomCounts: custom counts render into the config file as the
-// values give them, names, expressions and their quotes intact, and the
+// TestCustomCounts: custom counts, and the fields compared with them, render
+// into the config file as the values give them, names, expressions and
+// their quotes intact, and the
 // configuration check hook's ConfigMap holds the same file; an expression
 // that does not compile passes the values schema (which cannot read CEL)
 // and is refused by that check (config.Check, --check-config), naming its
@@ -288,6 +289,9 @@ func TestCustomCounts(t *testing.T) {
 	assert.Equal(t, "on", custom[2].Name, "a name YAML would read as a boolean stays a name")
 	assert.Equal(t, `has(pod.status.conditions) && pod.status.conditions.exists(c, c.type == "Ready" && c.status == "True")`, custom[0].Expression)
 	assert.Equal(t, `pod.status.containerStatuses.exists(s, s.restartCount > 0) || pod.metadata.name.matches('^w-\\d+$')`, custom[1].Expression)
+	assert.Equal(t, map[config.Count]string{config.Completing: "status.legacyCompleting", "on": "status.legacyOn"}, cfg.Parents[0].Compare,
+		"shadow mode's fields, a count YAML would read as a boolean included")
+	assert.Empty(t, cfg.Parents[0].CompareErrs)
 
 	_, err = config.Check([]byte(configOf("custom-counts-bad-expression.yaml")))
 	require.Error(t, err)

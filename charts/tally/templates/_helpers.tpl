@@ -63,6 +63,12 @@ parents:
         expression: {{ .expression | toJson }}
       {{- end }}
     {{- end }}
+    {{- with .compare }}
+    compare:
+      {{- range $count, $path := . }}
+      {{ $count | toJson }}: {{ $path | toJson }}
+      {{- end }}
+    {{- end }}
 {{- end }}
 verifyOwner: {{ .Values.verifyOwner }}
 namespaceSelector:

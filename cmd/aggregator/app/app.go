@@ -58,6 +58,11 @@ type Options struct {
 	// defaults when zero.
 	QPS   float32
 	Burst int
+	// DriftAfter is how long a field a parent's operator keeps may differ
+	// from tally's count before the parent gets a Warning Event;
+	// aggregate.DefaultDriftAfter when zero. (No flag sets it: the tests
+	// shorten it.)
+	DriftAfter time.Duration
 	// ContentType is how pods travel from the API server: "protobuf" (the
 	// default: less CPU for the initial list and the watch) or "json".
 	ContentType string
@@ -90,6 +95,11 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	// unwritten: the rest is served. It is reported once per process.
 	reducer := count.NewReducer(cfg.Parents)
 	reports := aggregate.NewCustomCountReports(cfg.Parents)
+	if err := cfg.CompareErrors(); err != nil {
+		// Like a custom count: a comparison that cannot be made is left
+		// out, the others are made.
+		log.Error(err, "Comparisons that cannot be made are left out, the others are made (fix the configuration: kubectl tally doctor shows the error)")
+	}
 	restCfg = rest.CopyConfig(restCfg)
 	sendAppliesOnce(restCfg)
 	if opts.QPS > 0 {
@@ -247,7 +257,7 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer,
 	aggOpts := aggregate.Options{
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles, BackfillInterval: opts.BackfillInterval, VerifyOwner: cfg.VerifyOwner,
 		TrackingGrace: opts.TrackingGrace, Namespaces: cfg.Namespaces(), NewCache: mgrOpts.NewCache, ServerNow: serverNow,
-		CustomCountReports: reports,
+		CustomCountReports: reports, DriftAfter: opts.DriftAfter,
 		// Never from a pod view not known to be fresh: a parent event
 		// while the pod watch is broken would be counted from pods that
 		// moved since.

@@ -36,5 +36,9 @@ func (c configCheck) run(ctx context.Context, d *doctor) Check {
 		return fail(c.name(), "fix these custom counts (helm install and upgrade refuse them): see docs/configuration.md",
 			"%s: the aggregator leaves these custom counts unwritten, and serves everything else: %v", from, err)
 	}
+	if err := cfg.CompareErrors(); err != nil {
+		return fail(c.name(), "fix these comparisons (helm install and upgrade refuse them): see docs/configuration.md",
+			"%s: the aggregator leaves these comparisons out, and makes the others: %v", from, err)
+	}
 	return ok(c.name(), "%s: parent kinds %s, verifyOwner %t", from, strings.Join(kinds, ", "), cfg.VerifyOwner)
 }

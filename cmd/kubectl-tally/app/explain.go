@@ -199,6 +199,28 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 		fmt.Fprintf(out, "\nCustom count %s (%s): not kept, its field left unwritten (fix the configuration; kubectl tally doctor):\n  %s\n",
 			u.Count, u.Path, strings.ReplaceAll(u.Error, "\n", "\n  "))
 	}
+	if len(r.Compared) > 0 {
+		fmt.Fprintln(out, "\nFields the operator keeps, compared with tally's counts (compare):")
+		w = printers.GetNewTabWriter(out)
+		fmt.Fprintln(w, "FIELD\tOPERATOR\tTALLY\tFRESH\t")
+		for _, c := range r.Compared {
+			operator, tally, mark := "<not an integer>", "<not written>", "≠"
+			if c.Operator != nil {
+				operator = fmt.Sprint(*c.Operator)
+			}
+			if c.TallyPath != "" {
+				tally = c.TallyPath + " <none>"
+				if c.Tally != nil {
+					tally = fmt.Sprintf("%s %d", c.TallyPath, *c.Tally)
+				}
+			}
+			if c.Equal() {
+				mark = "="
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", c.Path, operator, tally, c.Fresh, mark)
+		}
+		w.Flush()
+	}
 	if len(r.Totals) > 0 {
 		fmt.Fprintln(out)
 		w = printers.GetNewTabWriter(out)
@@ -253,6 +275,11 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 	}
 
 	fmt.Fprintln(out)
+	for _, c := range r.Compared {
+		if !c.Equal() && c.Operator != nil {
+			fmt.Fprintf(out, "The operator's %s shows %d, a fresh count of %s pods gives %d: it is %+d off.\n", c.Path, *c.Operator, c.Count, c.Fresh, *c.Operator-c.Fresh)
+		}
+	}
 	if r.Equal {
 		fmt.Fprintln(out, "Verdict: EQUAL. Every mapped field equals a fresh count of the parent's pods.")
 		return
