@@ -92,6 +92,12 @@ type Demo struct {
 	timeline *timeline
 	// late counts the marks of pods that had just finished (markLate).
 	late lateMarks
+	// legacyPath is the field the pool's counter kept the old way writes,
+	// when the configuration compares the pool's completing count with it
+	// (not on a cluster); legacy is that counter, once started.
+	legacyPath string
+	legacy     *legacyCounter
+	stopLegacy context.CancelFunc
 }
 
 // Kubeconfig returns the path of the kubeconfig that reaches the demo's

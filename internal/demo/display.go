@@ -67,6 +67,9 @@ func (s Snapshot) line(elapsed time.Duration) string {
 	}
 	line := fmt.Sprintf("%5.1fs desired=%-3d tally: %s %s list: %s",
 		elapsed.Seconds(), s.Desired, f(s.Tally), compared(s.Tally, s.Truth, s.counts()), f(s.Truth))
+	if s.LegacyOn {
+		line += fmt.Sprintf(" | old counter: completing=%-3d", s.Legacy)
+	}
 	if s.Totals != nil {
 		line += fmt.Sprintf(" | totals: completed=%-3s unexpected=%-3s %s finished: completed=%-3s unexpected=%-3s",
 			shownValue(s.Totals[config.CompletedTotal]), shownValue(s.Totals[config.UnexpectedTotal]),

@@ -51,6 +51,9 @@ func Start(ctx context.Context, opts Options) (_ *Demo, err error) {
 		}
 		d.totals = p.Tracked()
 		d.custom, d.unkept = customCounts(p)
+		if path, ok := p.Compare[config.Completing]; ok && opts.Cluster == nil {
+			d.legacyPath = path
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -137,6 +140,16 @@ func (d *Demo) startWorkloads(ctx context.Context, env *controlplane.Env) error 
 	}
 	if err := d.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
 		return err
+	}
+	if d.legacyPath != "" {
+		d.say("a counter kept the old way (read-modify-write from two handlers) writes %s; tally compares it with its own count (shadow mode)", d.legacyPath)
+		lctx, cancel := context.WithCancel(context.Background())
+		legacy, err := startLegacyCounter(lctx, env.Config, d.client, d.legacyPath, d.opts.Seed)
+		if err != nil {
+			cancel()
+			return err
+		}
+		d.legacy, d.stopLegacy = legacy, cancel
 	}
 	kctx, cancel := context.WithCancel(context.Background())
 	d.stopKubelet, d.kubeletDone = cancel, make(chan struct{})
@@ -292,6 +305,10 @@ func (d *Demo) Stop() error {
 	var errs []error
 	if d.stopWatch != nil {
 		d.stopWatch()
+	}
+	if d.stopLegacy != nil {
+		d.stopLegacy()
+		errs = append(errs, d.legacy.drained(10*time.Second))
 	}
 	if d.stopKubelet != nil {
 		d.stopKubelet()

@@ -42,6 +42,10 @@ type Snapshot struct {
 	// Written are the fields of the custom counts tally cannot keep that
 	// the pool's status shows nonetheless: none, when tally is right.
 	Written []string
+	// Legacy is what the counter kept the old way shows (0 before its
+	// first write), when the demo runs one (legacyCounter).
+	Legacy   int64
+	LegacyOn bool
 	// Settled reports that no pod is starting (not running yet, or not
 	// reported Ready yet) or completing and the pool runs as many pods as
 	// it wants.
@@ -94,6 +98,9 @@ func (d *Demo) Snapshot(ctx context.Context) (Snapshot, error) {
 		if _, found, _ := unstructured.NestedFieldNoCopy(pool.Object, c.path...); found {
 			s.Written = append(s.Written, strings.Join(c.path, "."))
 		}
+	}
+	if d.legacy != nil {
+		s.Legacy, s.LegacyOn = d.legacy.value(pool), true
 	}
 	if d.totals {
 		s.Totals, s.Finished = map[config.Count]int64{}, d.finished.Totals()
@@ -176,6 +183,12 @@ func (d *Demo) Verdict(ctx context.Context) error {
 		late += fmt.Sprintf(" (of %d more, %d found an intent admitted before the pod finished, %d the pod gone)",
 			d.late.marked+d.late.gone, d.late.marked, d.late.gone)
 	}
+	shadow, err := d.shadowVerdict(ctx)
+	if err != nil {
+		fmt.Fprintf(d.opts.Out, "verdict: FAIL: %v\n", err)
+		return err
+	}
+	sent += shadow
 	custom := ""
 	for _, c := range s.Custom {
 		custom += fmt.Sprintf(" %s=%d", c, s.Tally[c])
@@ -188,8 +201,56 @@ func (d *Demo) Verdict(ctx context.Context) error {
 	return nil
 }
 
+// errShadow: tally's shadow mode did not report the old counter's drift.
+var errShadow = errors.New("tally's shadow mode does not report the old counter's difference")
+
+// shadowVerdict, when the demo runs a counter kept the old way, waits for
+// its handlers to write, then for the aggregator's
+// tally_aggregator_compare_difference to report how far it is from a fresh
+// List, and says so; errShadow if it does not within 10 s.
+func (d *Demo) shadowVerdict(ctx context.Context) (string, error) {
+	if d.legacy == nil {
+		return "", nil
+	}
+	if err := d.legacy.drained(10 * time.Second); err != nil {
+		return "", err
+	}
+	metric := fmt.Sprintf(`tally_aggregator_compare_difference{count="completing",kind=%q}`, operator.GVK.GroupKind().String())
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, err := d.Snapshot(ctx)
+		if err != nil {
+			return "", err
+		}
+		want := s.Legacy - s.Truth[config.Completing]
+		want = max(want, -want)
+		got, err := d.metric(ctx, metric)
+		if err != nil {
+			return "", fmt.Errorf("reading the aggregator's metrics: %w", err)
+		}
+		if got == float64(want) {
+			return fmt.Sprintf("; the counter kept the old way shows completing=%d where a fresh List gives %d, and tally's shadow mode reports that difference (%s %.0f)",
+				s.Legacy, s.Truth[config.Completing], metric, got), nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("%w: the old counter shows completing=%d, a fresh List %d, but %s is %.0f", errShadow, s.Legacy, s.Truth[config.Completing], metric, got)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // Applies returns how many status applies the running aggregator has sent.
 func (d *Demo) Applies(ctx context.Context) (float64, error) {
+	return d.metric(ctx, "tally_aggregator_applies_total{")
+}
+
+// metric returns the value of the first line of the running aggregator's
+// metrics that starts with prefix; 0 when none does.
+func (d *Demo) metric(ctx context.Context, prefix string) (float64, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.aggregatorMetrics+"/metrics", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -198,7 +259,7 @@ func (d *Demo) Applies(ctx context.Context) (float64, error) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if line := sc.Text(); strings.HasPrefix(line, "tally_aggregator_applies_total{") {
+		if line := sc.Text(); strings.HasPrefix(line, prefix) {
 			return strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 		}
 	}

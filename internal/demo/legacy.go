@@ -1,0 +1,152 @@
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"tally.dev/tally/examples/workerpool/operator"
+	"tally.dev/tally/pkg/aggregate"
+	"tally.dev/tally/pkg/keys"
+)
+
+// legacyCounter keeps a pool's completing count the old way, beside tally
+// in shadow mode: as the operators tally was built for, with two handlers
+// that each read the counter and patch it back, one more when the
+// scale-down marks a pod, one less when a marked pod finishes. Like a
+// Kopf operator's, the handlers of different pods run at once, and take a
+// moment between their read and their write (other API calls). Their merge
+// patches meet no conflict, so updates get lost: the drift tally's shadow
+// mode reports.
+type legacyCounter struct {
+	client client.Client
+	// path is the field the counter keeps (the pool kind's compare).
+	path []string
+	// inFlight are the handlers that have not written yet.
+	inFlight sync.WaitGroup
+	mu       sync.Mutex
+	rng      *rand.Rand
+	// seen are the pods whose mark, and whose end, were counted.
+	marked, ended map[types.UID]bool
+}
+
+// startLegacyCounter starts a counter at path of the demo pool, fed by a
+// watch of the demo namespace's pods, until ctx is done.
+func startLegacyCounter(ctx context.Context, cfg *rest.Config, c client.Client, path string, seed uint64) (*legacyCounter, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	l := &legacyCounter{client: c, path: strings.Split(path, "."), rng: rand.New(rand.NewPCG(seed, 3)),
+		marked: map[types.UID]bool{}, ended: map[types.UID]bool{}}
+	pods := cs.CoreV1().Pods(Namespace)
+	informer := toolscache.NewSharedIndexInformer(&toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return pods.List(ctx, o) },
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return pods.Watch(ctx, o)
+		},
+	}, &corev1.Pod{}, 0, toolscache.Indexers{})
+	_, err = informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { l.observe(ctx, obj, false) },
+		UpdateFunc: func(_, obj any) { l.observe(ctx, obj, false) },
+		DeleteFunc: func(obj any) { l.observe(ctx, obj, true) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	go informer.RunWithContext(ctx)
+	toolscache.WaitForCacheSync(ctx.Done(), informer.HasSynced)
+	return l, nil
+}
+
+// observe runs the handler a pod's change calls for, in a goroutine of its
+// own: +1 when the pod is first seen marked and running, -1 when a pod
+// counted so ends (terminal, being deleted, or gone).
+func (l *legacyCounter) observe(ctx context.Context, obj any, deleted bool) {
+	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	_, marked := pod.Annotations[keys.CompletionIntent]
+	ended := deleted || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	l.mu.Lock()
+	delta := 0
+	switch {
+	case marked && !ended && !l.marked[pod.UID]:
+		l.marked[pod.UID] = true
+		delta = 1
+	case ended && l.marked[pod.UID] && !l.ended[pod.UID]:
+		l.ended[pod.UID] = true
+		delta = -1
+	}
+	work := time.Duration(l.rng.IntN(40)) * time.Millisecond
+	l.mu.Unlock()
+	if delta == 0 {
+		return
+	}
+	l.inFlight.Go(func() { l.add(ctx, delta, work) })
+}
+
+// add reads the counter, works for a moment, and patches back the value
+// read plus delta.
+func (l *legacyCounter) add(ctx context.Context, delta int, work time.Duration) {
+	pool := operator.Pool(Namespace, Pool, 0)
+	if err := l.client.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+		return
+	}
+	v, _, _ := unstructured.NestedInt64(pool.Object, l.path...)
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(work):
+	}
+	status := map[string]any{}
+	if err := unstructured.SetNestedField(status, v+int64(delta), l.path...); err != nil {
+		return
+	}
+	patch, err := json.Marshal(status)
+	if err != nil {
+		return
+	}
+	_ = l.client.Status().Patch(ctx, operator.Pool(Namespace, Pool, 0), client.RawPatch(types.MergePatchType, patch))
+}
+
+// value returns what the counter shows on pool: 0 before its first
+// write, as tally reads it (aggregate.OperatorValue).
+func (l *legacyCounter) value(pool *unstructured.Unstructured) int64 {
+	v, _ := aggregate.OperatorValue(pool, l.path)
+	return v
+}
+
+// drained waits until every handler has written, for at most timeout.
+func (l *legacyCounter) drained(timeout time.Duration) error {
+	done := make(chan struct{})
+	go func() {
+		l.inFlight.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("the old counter's handlers did not write within %s", timeout)
+	}
+}
