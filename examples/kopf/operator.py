@@ -3,13 +3,16 @@
 The operator keeps spec.replicas worker pods running. It never counts: on
 scale-down it marks surplus pods with the annotation
 tally.dev/completion-intent (one merge patch per pod, no read-modify-write),
-and it reads status.completing, status.active, status.completed and
+then deletes them, so that each worker gets SIGTERM and its grace period to
+finish; and it reads status.completing, status.active, status.completed and
 status.unexpected, which tally's aggregator writes from the pods themselves.
 It stops replacing a pool's crashed pods once status.unexpectedTotal (every
 pod that ever finished without being asked to, counted at most once by tally even
 after the pod is deleted) reaches its restart budget.
 
-Run it (see README.md next to this file):
+Run it (see README.md next to this file: values.yaml maps every status field
+it reads, rbac.yaml grants what it calls, requirements.txt names the
+versions it was run with):
 
     kopf run --standalone --namespace kopf-demo examples/kopf/operator.py
 """
@@ -100,6 +103,20 @@ def mark_for_completion(pod, reason: str = "scale-down") -> bool:
     return True
 
 
+def stop(pod) -> None:
+    """End a marked pod: delete it, so that its worker gets SIGTERM and the
+    pod's grace period to finish its work and exit (the pause container
+    exits at once). tally counts it in status.completing until it is gone,
+    then in status.completedTotal. The UID precondition keeps a new pod that
+    took the name from being deleted instead."""
+    options = kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=pod.metadata.uid))
+    try:
+        core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body=options)
+    except kubernetes.client.exceptions.ApiException as e:
+        if e.status not in (404, 409):
+            raise
+
+
 def new_pod(body, name: str) -> dict:
     meta = body["metadata"]
     # The pool's identity, exactly as tally's webhook would stamp it: the API
@@ -125,6 +142,9 @@ def new_pod(body, name: str) -> dict:
             }],
         },
         "spec": {
+            # A worker that exits is replaced by a new pod, not restarted:
+            # its end is final, and counted.
+            "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 30,
             "containers": [{"name": "worker", "image": "registry.k8s.io/pause:3.10"}],
         },
@@ -155,11 +175,22 @@ def reconcile(body, spec, status, name, namespace, uid, logger, **_):
 
 def scale(body, replicas: int, completing: int, name: str, namespace: str, uid: str,
           may_replace: bool = True) -> None:
-    live = sorted((p for p in owned_pods(namespace, uid) if is_live(p)), key=lambda p: p.metadata.name)
+    pods = owned_pods(namespace, uid)
+    # A pod marked but not stopped yet (the operator stopped between the
+    # two): stop it now.
+    for pod in pods:
+        if (INTENT in (pod.metadata.annotations or {}) and pod.status.phase not in TERMINAL
+                and pod.metadata.deletion_timestamp is None):
+            stop(pod)
+    live = sorted((p for p in pods if is_live(p)), key=lambda p: p.metadata.name)
     if len(live) > replicas:
-        marked = sum(mark_for_completion(pod) for pod in live[replicas:])
+        marked = 0
+        for pod in live[replicas:]:
+            if mark_for_completion(pod):
+                marked += 1
+                stop(pod)
         kopf.event(body, type="Normal", reason="ScalingDown",
-                   message=f"asked {marked} pods to complete; tally shows them in status.completing")
+                   message=f"asked {marked} pods to complete and stopped them; tally shows them in status.completing until they are gone")
     elif len(live) < replicas:
         # Recreate what is missing: pods asked to complete are not live (the
         # pods' own intent says so), and tally's status.completing says how

@@ -13,12 +13,14 @@ import (
 )
 
 // kubelet stands in for the node agent the control plane lacks: it starts
-// new pods after a short delay, reports them Ready (condition Ready True)
-// a moment later, as a readiness probe would, and lets pods marked for
-// completion finish their work and exit (phase Succeeded, no longer Ready)
-// after a random delay. Like a
-// kubelet it runs the pods of every namespace, so that other operators
-// (examples/kopf) can use the demo's control plane too.
+// new pods after a short delay and reports them Ready (condition Ready
+// True) a moment later, as a readiness probe would. Like a kubelet it runs
+// the pods of every namespace, so that other operators (examples/kopf) can
+// use the demo's control plane too. In the demo's namespace, where the
+// example's workers read their completion intent, it lets a pod marked for
+// completion finish its work and exit (phase Succeeded, no longer Ready)
+// after a random delay; elsewhere a marked pod ends when its operator stops
+// it, as a worker that does not read its intent does.
 func (d *Demo) kubelet(ctx context.Context) {
 	due := map[types.UID]time.Time{}
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -45,7 +47,7 @@ func (d *Demo) kubelet(ctx context.Context) {
 				continue
 			case p.Status.Phase == "" || p.Status.Phase == corev1.PodPending:
 				next, delay = corev1.PodRunning, time.Duration(100+d.kubeletRNG.IntN(500))*time.Millisecond
-			case p.Status.Phase == corev1.PodRunning && marked:
+			case p.Status.Phase == corev1.PodRunning && marked && p.Namespace == Namespace:
 				next, delay = corev1.PodSucceeded, time.Duration(500+d.kubeletRNG.IntN(2500))*time.Millisecond
 			case p.Status.Phase == corev1.PodRunning && !ready(p):
 				// Running, not Ready yet: the same phase, now Ready.

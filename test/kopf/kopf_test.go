@@ -11,22 +11,31 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"tally.dev/tally/examples/workerpool/operator"
@@ -138,10 +147,13 @@ func TestCRDDeclaresMappedFields(t *testing.T) {
 }
 
 // TestOperatorRunsWithTally runs the example with Kopf against the demo's
-// control plane: a pool of 4 is created, scaled to 1; tally shows the 3
-// surplus pods as completing, then none once they exited and the operator
-// deleted them; the pool's events are the operator's, not one per timer
-// run.
+// control plane, as the ServiceAccount of examples/kopf/rbac.yaml with
+// nothing more: a pool of 4 is created, scaled to 1. The operator ends the
+// 3 surplus pods itself: each is marked, then deleted, with no simulated
+// kubelet finishing it (the demo's runs marked pods to their end only in
+// its own namespace); tally counts them in completedTotal, none in
+// unexpectedTotal. The pool's events are the operator's, not one per
+// timer run.
 func TestOperatorRunsWithTally(t *testing.T) {
 	if out, err := python("-c", "import kopf, kubernetes").CombinedOutput(); err != nil {
 		framework.Notice("NOT RUN: " + t.Name() + ": Python cannot import kopf and kubernetes: set KOPF_PYTHON and KOPF_PATH as examples/kopf/README.md says")
@@ -160,11 +172,41 @@ func TestOperatorRunsWithTally(t *testing.T) {
 	require.NoError(t, err)
 	c, err := client.New(restCfg, client.Options{})
 	require.NoError(t, err)
-	const ns = "kopf-test"
+	const ns = "kopf-demo" // rbac.yaml's
 	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	kubeconfig := serviceAccountKubeconfig(t, c, restCfg, ns)
+
+	// How each pod of the namespace ended.
+	var mu sync.Mutex
+	var succeeded, deletedUnmarked []string
+	deletedMarked := 0
+	cs, err := kubernetes.NewForConfig(restCfg)
+	require.NoError(t, err)
+	w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+	go func() {
+		for ev := range w.ResultChan() {
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			_, marked := pod.Annotations[keys.CompletionIntent]
+			mu.Lock()
+			switch {
+			case ev.Type == watch.Deleted && marked:
+				deletedMarked++
+			case ev.Type == watch.Deleted:
+				deletedUnmarked = append(deletedUnmarked, pod.Name)
+			case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
+				succeeded = append(succeeded, pod.Name)
+			}
+			mu.Unlock()
+		}
+	}()
 
 	kopf := python("-m", "kopf", "run", "--standalone", "--namespace", ns, operatorFile)
-	kopf.Env = append(kopf.Env, "KUBECONFIG="+d.Kubeconfig())
+	kopf.Env = append(kopf.Env, "KUBECONFIG="+kubeconfig)
 	var log bytes.Buffer
 	kopf.Stdout, kopf.Stderr = &log, &log
 	kopf.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -186,24 +228,26 @@ func TestOperatorRunsWithTally(t *testing.T) {
 			return err.Error()
 		}
 		st, _, _ := unstructured.NestedMap(u.Object, "status")
-		return fmt.Sprintf("active=%v completing=%v completed=%v unexpected=%v", st["active"], st["completing"], st["completed"], st["unexpected"])
+		return fmt.Sprintf("active=%v completing=%v completed=%v unexpected=%v completedTotal=%v unexpectedTotal=%v",
+			st["active"], st["completing"], st["completed"], st["unexpected"], st["completedTotal"], st["unexpectedTotal"])
 	}
-	require.Eventually(t, func() bool { return counts() == "active=4 completing=0 completed=0 unexpected=0" }, 90*time.Second, 200*time.Millisecond,
+	require.Eventually(t, func() bool { return strings.HasPrefix(counts(), "active=4 completing=0 completed=0 unexpected=0 ") }, 90*time.Second, 200*time.Millisecond,
 		"the pool never showed 4 active pods: %s", counts)
 
 	require.NoError(t, c.Patch(ctx, pool, client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":1}}`))))
-	sawCompleting := false
 	require.Eventually(t, func() bool {
-		now := counts()
-		sawCompleting = sawCompleting || strings.Contains(now, "completing=3")
-		return now == "active=1 completing=0 completed=0 unexpected=0"
-	}, 90*time.Second, 50*time.Millisecond, "the pool never settled at 1: %s", counts)
-	assert.True(t, sawCompleting, "tally never showed the 3 surplus pods as completing")
+		return counts() == "active=1 completing=0 completed=0 unexpected=0 completedTotal=3 unexpectedTotal=0"
+	}, 90*time.Second, 50*time.Millisecond, "the pool never settled at 1 with 3 pods completed: %s", counts)
 
 	var pods corev1.PodList
 	require.NoError(t, c.List(ctx, &pods, client.InNamespace(ns)))
 	require.Len(t, pods.Items, 1)
 	assert.NotContains(t, pods.Items[0].Annotations, keys.CompletionIntent)
+	mu.Lock()
+	assert.Equal(t, 3, deletedMarked, "the operator deletes each pod it marks")
+	assert.Empty(t, deletedUnmarked, "pods deleted without a mark")
+	assert.Empty(t, succeeded, "pods a kubelet finished: the operator ends its marked pods itself")
+	mu.Unlock()
 
 	// The pool's events are what a person needs to see: the operator's
 	// scaling, not Kopf's "Timer 'reconcile' succeeded." on every run.
@@ -219,4 +263,45 @@ func TestOperatorRunsWithTally(t *testing.T) {
 		assert.NotContains(t, e.Message, "succeeded", "Kopf posted a handler's success as an event: %s %s", e.Reason, e.Message)
 	}
 	assert.True(t, reasons["ScalingUp"] && reasons["ScalingDown"], "the operator's own events are missing: %v", reasons)
+	assert.NotContains(t, log.String(), "403", "Kopf was refused a request: rbac.yaml lacks a permission")
+}
+
+// serviceAccountKubeconfig applies examples/kopf/rbac.yaml in ns and
+// returns a kubeconfig that reaches the API server of restCfg with a token
+// of its ServiceAccount, with nothing more.
+func serviceAccountKubeconfig(t *testing.T, c client.Client, restCfg *rest.Config, ns string) string {
+	t.Helper()
+	ctx := context.Background()
+	data, err := os.ReadFile(rbacFile)
+	require.NoError(t, err)
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var sa string
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err == io.EOF {
+			break
+		} else {
+			require.NoError(t, err)
+		}
+		require.NoError(t, c.Create(ctx, u), "%s %s", u.GetKind(), u.GetName())
+		if u.GetKind() == "ServiceAccount" {
+			require.Equal(t, ns, u.GetNamespace())
+			sa = u.GetName()
+		}
+	}
+	require.NotEmpty(t, sa, "rbac.yaml has no ServiceAccount")
+	cs, err := kubernetes.NewForConfig(restCfg)
+	require.NoError(t, err)
+	token, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["demo"] = &clientcmdapi.Cluster{Server: restCfg.Host, CertificateAuthorityData: restCfg.CAData}
+	cfg.AuthInfos[sa] = &clientcmdapi.AuthInfo{Token: token.Status.Token}
+	cfg.Contexts["kopf"] = &clientcmdapi.Context{Cluster: "demo", AuthInfo: sa, Namespace: ns}
+	cfg.CurrentContext = "kopf"
+	path := filepath.Join(t.TempDir(), "kopf.kubeconfig")
+	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
+	return path
 }
