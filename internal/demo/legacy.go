@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -37,10 +38,13 @@ type legacyCounter struct {
 	client client.Client
 	// path is the field the counter keeps (the pool kind's compare).
 	path []string
-	// inFlight are the handlers that have not written yet.
-	inFlight sync.WaitGroup
+	ctx  context.Context
+	// informed is closed once the pod informer has stopped.
+	informed chan struct{}
 	mu       sync.Mutex
-	rng      *rand.Rand
+	// pending counts the handlers that have not written yet.
+	pending int
+	rng     *rand.Rand
 	// seen are the pods whose mark, and whose end, were counted.
 	marked, ended map[types.UID]bool
 }
@@ -52,8 +56,8 @@ func startLegacyCounter(ctx context.Context, cfg *rest.Config, c client.Client, 
 	if err != nil {
 		return nil, err
 	}
-	l := &legacyCounter{client: c, path: strings.Split(path, "."), rng: rand.New(rand.NewPCG(seed, 3)),
-		marked: map[types.UID]bool{}, ended: map[types.UID]bool{}}
+	l := &legacyCounter{client: c, path: strings.Split(path, "."), ctx: ctx, informed: make(chan struct{}),
+		rng: rand.New(rand.NewPCG(seed, 3)), marked: map[types.UID]bool{}, ended: map[types.UID]bool{}}
 	pods := cs.CoreV1().Pods(Namespace)
 	informer := toolscache.NewSharedIndexInformer(&toolscache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return pods.List(ctx, o) },
@@ -62,22 +66,28 @@ func startLegacyCounter(ctx context.Context, cfg *rest.Config, c client.Client, 
 		},
 	}, &corev1.Pod{}, 0, toolscache.Indexers{})
 	_, err = informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { l.observe(ctx, obj, false) },
-		UpdateFunc: func(_, obj any) { l.observe(ctx, obj, false) },
-		DeleteFunc: func(obj any) { l.observe(ctx, obj, true) },
+		AddFunc:    func(obj any) { l.observe(obj, false) },
+		UpdateFunc: func(_, obj any) { l.observe(obj, false) },
+		DeleteFunc: func(obj any) { l.observe(obj, true) },
 	})
 	if err != nil {
 		return nil, err
 	}
-	go informer.RunWithContext(ctx)
-	toolscache.WaitForCacheSync(ctx.Done(), informer.HasSynced)
+	go func() {
+		defer close(l.informed)
+		informer.RunWithContext(ctx)
+	}()
+	if !toolscache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		return nil, errors.New("the old counter's pod watch never synced")
+	}
 	return l, nil
 }
 
 // observe runs the handler a pod's change calls for, in a goroutine of its
 // own: +1 when the pod is first seen marked and running, -1 when a pod
-// counted so ends (terminal, being deleted, or gone).
-func (l *legacyCounter) observe(ctx context.Context, obj any, deleted bool) {
+// counted so ends (terminal, being deleted, or gone). Once the counter is
+// stopped, it starts none.
+func (l *legacyCounter) observe(obj any, deleted bool) {
 	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
@@ -88,6 +98,10 @@ func (l *legacyCounter) observe(ctx context.Context, obj any, deleted bool) {
 	_, marked := pod.Annotations[keys.CompletionIntent]
 	ended := deleted || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx.Err() != nil {
+		return
+	}
 	delta := 0
 	switch {
 	case marked && !ended && !l.marked[pod.UID]:
@@ -97,17 +111,23 @@ func (l *legacyCounter) observe(ctx context.Context, obj any, deleted bool) {
 		l.ended[pod.UID] = true
 		delta = -1
 	}
-	work := time.Duration(l.rng.IntN(40)) * time.Millisecond
-	l.mu.Unlock()
 	if delta == 0 {
 		return
 	}
-	l.inFlight.Go(func() { l.add(ctx, delta, work) })
+	work := time.Duration(l.rng.IntN(40)) * time.Millisecond
+	l.pending++
+	go func() {
+		l.add(delta, work)
+		l.mu.Lock()
+		l.pending--
+		l.mu.Unlock()
+	}()
 }
 
 // add reads the counter, works for a moment, and patches back the value
 // read plus delta.
-func (l *legacyCounter) add(ctx context.Context, delta int, work time.Duration) {
+func (l *legacyCounter) add(delta int, work time.Duration) {
+	ctx := l.ctx
 	pool := operator.Pool(Namespace, Pool, 0)
 	if err := l.client.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
 		return
@@ -136,17 +156,28 @@ func (l *legacyCounter) value(pool *unstructured.Unstructured) int64 {
 	return v
 }
 
-// drained waits until every handler has written, for at most timeout.
+// drained waits, for at most timeout, until no handler is left to write
+// (and, once the counter is stopped, until its pod watch has stopped too).
 func (l *legacyCounter) drained(timeout time.Duration) error {
-	done := make(chan struct{})
-	go func() {
-		l.inFlight.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-time.After(timeout):
-		return fmt.Errorf("the old counter's handlers did not write within %s", timeout)
+	deadline := time.Now().Add(timeout)
+	for {
+		l.mu.Lock()
+		idle := l.pending == 0
+		l.mu.Unlock()
+		stopped := true
+		if l.ctx.Err() != nil {
+			select {
+			case <-l.informed:
+			default:
+				stopped = false
+			}
+		}
+		if idle && stopped {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the old counter's handlers did not write within %s", timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -206,8 +206,9 @@ var errShadow = errors.New("tally's shadow mode does not report the old counter'
 
 // shadowVerdict, when the demo runs a counter kept the old way, waits for
 // its handlers to write, then for the aggregator's
-// tally_aggregator_compare_difference to report how far it is from a fresh
-// List, and says so; errShadow if it does not within 10 s.
+// tally_aggregator_compare_difference to report how far every pool's field
+// is from a fresh List (the pools of other operators on the control plane
+// included), and says so; errShadow if it does not within 10 s.
 func (d *Demo) shadowVerdict(ctx context.Context) (string, error) {
 	if d.legacy == nil {
 		return "", nil
@@ -215,25 +216,37 @@ func (d *Demo) shadowVerdict(ctx context.Context) (string, error) {
 	if err := d.legacy.drained(10 * time.Second); err != nil {
 		return "", err
 	}
-	metric := fmt.Sprintf(`tally_aggregator_compare_difference{count="completing",kind=%q}`, operator.GVK.GroupKind().String())
+	kind := operator.GVK.GroupKind().String()
+	difference := fmt.Sprintf(`tally_aggregator_compare_difference{count="completing",kind=%q}`, kind)
+	compared := fmt.Sprintf(`tally_aggregator_compared_parents{count="completing",kind=%q}`, kind)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		s, err := d.Snapshot(ctx)
+		want, err := d.comparedTruth(ctx)
 		if err != nil {
 			return "", err
 		}
-		want := s.Legacy - s.Truth[config.Completing]
-		want = max(want, -want)
-		got, err := d.metric(ctx, metric)
+		got, err := d.metric(ctx, difference)
 		if err != nil {
 			return "", fmt.Errorf("reading the aggregator's metrics: %w", err)
 		}
-		if got == float64(want) {
-			return fmt.Sprintf("; the counter kept the old way shows completing=%d where a fresh List gives %d, and tally's shadow mode reports that difference (%s %.0f)",
-				s.Legacy, s.Truth[config.Completing], metric, got), nil
+		parents, err := d.metric(ctx, compared)
+		if err != nil {
+			return "", fmt.Errorf("reading the aggregator's metrics: %w", err)
+		}
+		if got == float64(want) && parents >= 1 {
+			s, err := d.Snapshot(ctx)
+			if err != nil {
+				return "", err
+			}
+			drift := "it kept up this run: no drift"
+			if s.Legacy != s.Truth[config.Completing] {
+				drift = fmt.Sprintf("it drifted by %+d", s.Legacy-s.Truth[config.Completing])
+			}
+			return fmt.Sprintf("; the counter kept the old way shows completing=%d where a fresh List gives %d (%s), and tally's shadow mode reports the difference (%s %.0f)",
+				s.Legacy, s.Truth[config.Completing], drift, difference, got), nil
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("%w: the old counter shows completing=%d, a fresh List %d, but %s is %.0f", errShadow, s.Legacy, s.Truth[config.Completing], metric, got)
+			return "", fmt.Errorf("%w: the pools' fields differ from a fresh List by %d in all, but %s is %.0f (over %.0f parents compared)", errShadow, want, difference, got, parents)
 		}
 		select {
 		case <-ctx.Done():
@@ -243,13 +256,34 @@ func (d *Demo) shadowVerdict(ctx context.Context) (string, error) {
 	}
 }
 
+// comparedTruth sums, over every WorkerPool, how far the field the old
+// counter keeps is from a fresh List's completing count.
+func (d *Demo) comparedTruth(ctx context.Context) (int64, error) {
+	pools := &unstructured.UnstructuredList{}
+	pools.SetGroupVersionKind(operator.GVK.GroupVersion().WithKind(operator.GVK.Kind + "List"))
+	if err := d.client.List(ctx, pools); err != nil {
+		return 0, err
+	}
+	var sum int64
+	for i := range pools.Items {
+		pool := &pools.Items[i]
+		var pods corev1.PodList
+		if err := d.client.List(ctx, &pods, client.InNamespace(pool.GetNamespace())); err != nil {
+			return 0, err
+		}
+		diff := d.legacy.value(pool) - truth.Counts(pods.Items, pool.GetNamespace(), pool.GetUID())[config.Completing]
+		sum += max(diff, -diff)
+	}
+	return sum, nil
+}
+
 // Applies returns how many status applies the running aggregator has sent.
 func (d *Demo) Applies(ctx context.Context) (float64, error) {
 	return d.metric(ctx, "tally_aggregator_applies_total{")
 }
 
 // metric returns the value of the first line of the running aggregator's
-// metrics that starts with prefix; 0 when none does.
+// metrics that starts with prefix; an error when none does.
 func (d *Demo) metric(ctx context.Context, prefix string) (float64, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.aggregatorMetrics+"/metrics", nil)
 	resp, err := http.DefaultClient.Do(req)
@@ -263,7 +297,10 @@ func (d *Demo) metric(ctx context.Context, prefix string) (float64, error) {
 			return strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 		}
 	}
-	return 0, sc.Err()
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("the aggregator exports no %s", prefix)
 }
 
 // webhookCalls says how many pod admissions the API server sent to tally's

@@ -3,6 +3,7 @@ package aggregate
 import (
 	"context"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"tally.dev/tally/pkg/aggregate/count"
@@ -68,7 +70,10 @@ func OperatorValue(parent *unstructured.Unstructured, path []string) (int64, boo
 // until it agrees again). It returns when the parent should be compared
 // again to tell: 0 when no warning is due.
 func (r *Reconciler) compareCounts(ctx context.Context, key parentKey, parent *unstructured.Unstructured, counts count.Counts) time.Duration {
-	if len(r.compare) == 0 {
+	if len(r.compare) == 0 || !r.mayWrite() || !r.sameView(ctx) || passOf(ctx).isLagged() {
+		// Nothing compared from a view that stopped being fresh since the
+		// count, nor from a parent older than the API server's (an apply
+		// met a newer one): the parent comes back, fresh or read again.
 		return 0
 	}
 	now := time.Now()
@@ -81,10 +86,13 @@ func (r *Reconciler) compareCounts(ctx context.Context, key parentKey, parent *u
 		}
 		operator, ok := OperatorValue(parent, f.count.Path)
 		if !ok {
-			log.FromContext(ctx).V(1).Info("A field the operator keeps is not an integer; not compared", "field", f.path, "count", f.count.Count)
+			if r.observed.compared.unreadable(key, parent.GetUID(), f.count.Count) {
+				log.FromContext(ctx).Info("A field the operator keeps is not an integer; not compared until it is", "kind", r.kind,
+					"parent", key.name.String(), "field", f.path, "count", f.count.Count)
+			}
 			continue
 		}
-		d := r.observed.compared.set(key, f.count.Count, operator-tally, now)
+		d := r.observed.compared.set(key, parent.GetUID(), f.count.Count, operator-tally, now)
 		if d.by == 0 || d.warned {
 			continue
 		}
@@ -121,12 +129,18 @@ func nonZeroMin(a, b time.Duration) time.Duration {
 // drift is how one field a parent's operator keeps differs from tally's
 // count.
 type drift struct {
+	// uid is the parent's: a parent created again under the same name
+	// starts anew.
+	uid types.UID
 	// by is the operator's value minus tally's.
 	by int64
 	// since is when it started to differ; warned, whether the parent got
 	// its Event since.
 	since  time.Time
 	warned bool
+	// notInteger: the operator's value is not an integer, and not
+	// compared.
+	notInteger bool
 }
 
 // compared is how the fields that parents' operators keep compare with
@@ -152,9 +166,10 @@ func (c *compared) init(kind string, fields []compareField) {
 	}
 }
 
-// set records parent's difference for count at now, and returns it: since
-// stays as it was while the fields differ, by whatever.
-func (c *compared) set(parent parentKey, name config.Count, by int64, now time.Time) drift {
+// set records the difference for count of parent, whose UID is uid, at
+// now, and returns it: since stays as it was while the fields differ, by
+// whatever, on the same parent.
+func (c *compared) set(parent parentKey, uid types.UID, name config.Count, by int64, now time.Time) drift {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	byCount := c.drifts[parent]
@@ -164,14 +179,31 @@ func (c *compared) set(parent parentKey, name config.Count, by int64, now time.T
 	}
 	d := byCount[name]
 	switch {
-	case d == nil || d.by == 0 && by != 0:
-		d = &drift{since: now}
+	case d == nil || d.uid != uid || d.notInteger || d.by == 0 && by != 0:
+		d = &drift{uid: uid, since: now}
 		byCount[name] = d
 	case by == 0:
 		d.warned = false
 	}
 	d.by = by
 	return *d
+}
+
+// unreadable records that the operator's field for count of parent is not
+// an integer, and reports whether it was not known so.
+func (c *compared) unreadable(parent parentKey, uid types.UID, name config.Count) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	byCount := c.drifts[parent]
+	if byCount == nil {
+		byCount = map[config.Count]*drift{}
+		c.drifts[parent] = byCount
+	}
+	if d := byCount[name]; d != nil && d.uid == uid && d.notInteger {
+		return false
+	}
+	byCount[name] = &drift{uid: uid, notInteger: true}
+	return true
 }
 
 // warn records that parent got the Event of count's difference.
@@ -205,7 +237,7 @@ var (
 // Collect sends the compared, differing and difference gauges of every
 // kind and count compared.
 func (c *compared) Collect(ch chan<- prometheus.Metric) {
-	type sums struct{ parents, differing, difference int64 }
+	type sums struct{ parents, differing, difference float64 }
 	c.mu.Lock()
 	by := map[[2]string]*sums{}
 	for kind, names := range c.kinds {
@@ -216,21 +248,21 @@ func (c *compared) Collect(ch chan<- prometheus.Metric) {
 	for parent, byCount := range c.drifts {
 		for name, d := range byCount {
 			s := by[[2]string{parent.kind.String(), string(name)}]
-			if s == nil {
+			if s == nil || d.notInteger {
 				continue
 			}
 			s.parents++
 			if d.by != 0 {
 				s.differing++
-				s.difference += max(d.by, -d.by)
+				s.difference += math.Abs(float64(d.by))
 			}
 		}
 	}
 	c.mu.Unlock()
 	for _, k := range slices.SortedFunc(maps.Keys(by), func(a, b [2]string) int { return strings.Compare(a[0]+"/"+a[1], b[0]+"/"+b[1]) }) {
 		s := by[k]
-		ch <- prometheus.MustNewConstMetric(comparedDesc, prometheus.GaugeValue, float64(s.parents), k[0], k[1])
-		ch <- prometheus.MustNewConstMetric(differingDesc, prometheus.GaugeValue, float64(s.differing), k[0], k[1])
-		ch <- prometheus.MustNewConstMetric(differenceDesc, prometheus.GaugeValue, float64(s.difference), k[0], k[1])
+		ch <- prometheus.MustNewConstMetric(comparedDesc, prometheus.GaugeValue, s.parents, k[0], k[1])
+		ch <- prometheus.MustNewConstMetric(differingDesc, prometheus.GaugeValue, s.differing, k[0], k[1])
+		ch <- prometheus.MustNewConstMetric(differenceDesc, prometheus.GaugeValue, s.difference, k[0], k[1])
 	}
 }

@@ -93,6 +93,17 @@ func (p *pass) lag() {
 	p.lagged = true
 }
 
+// isLagged reports whether an apply of the pass met a newer parent than it
+// read; false for no pass.
+func (p *pass) isLagged() bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lagged
+}
+
 // takeLagged reports, once, whether an apply met a newer parent.
 func (p *pass) takeLagged() bool {
 	p.mu.Lock()

@@ -387,6 +387,15 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 	if root.Kind != yamlv3.DocumentNode || len(root.Content) != 1 || root.Content[0].Kind != yamlv3.MappingNode {
 		return data, nil, nil, nil // the strict decoding says what is wrong
 	}
+	// As the strict decoding reads it: the keys are taken out whatever way
+	// the document wrote them (through an alias, a merge key), and nothing
+	// left refers to an anchor inside what is taken out.
+	budget := maxResolvedNodes
+	doc, err := resolve(root.Content[0], &budget)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	root.Content[0] = doc
 	parents := mappingValue(root.Content[0], "parents")
 	if parents == nil || parents.Kind != yamlv3.SequenceNode {
 		return data, nil, nil, nil
@@ -406,17 +415,24 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 			}
 			keep = append(keep, p.Content[k], p.Content[k+1])
 		}
-		// None, or a key twice: the strict decoding refuses that.
 		counts, comps := taken["customCounts"], taken["compare"]
-		if len(counts) > 1 || len(comps) > 1 || len(counts)+len(comps) == 0 {
+		if len(counts)+len(comps) == 0 {
 			continue
 		}
 		p.Content = keep
-		if len(counts) == 1 {
-			custom[i] = decodeCustomCounts(fmt.Sprintf("parents[%d].customCounts", i), counts[0])
+		switch key := fmt.Sprintf("parents[%d].customCounts", i); len(counts) {
+		case 0:
+		case 1:
+			custom[i] = decodeCustomCounts(key, counts[0])
+		default:
+			custom[i] = []CustomCount{{Err: fmt.Errorf("%s: given %d times", key, len(counts))}}
 		}
-		if len(comps) == 1 {
-			compare[i] = decodeCompare(fmt.Sprintf("parents[%d].compare", i), comps[0])
+		switch key := fmt.Sprintf("parents[%d].compare", i); len(comps) {
+		case 0:
+		case 1:
+			compare[i] = decodeCompare(key, comps[0])
+		default:
+			compare[i] = comparisons{errs: map[Count]error{"": fmt.Errorf("%s: given %d times", key, len(comps))}}
 		}
 	}
 	if len(custom)+len(compare) == 0 {
@@ -424,6 +440,58 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 	}
 	rest, err := yamlv3.Marshal(&root)
 	return rest, custom, compare, err
+}
+
+// maxResolvedNodes bounds the nodes a document may expand to once its
+// aliases are resolved: a few aliases can name each other into billions.
+const maxResolvedNodes = 1 << 16
+
+// resolve returns a copy of the node n with every alias replaced by a copy
+// of the node it names, and every merge key (<<) expanded into its mapping
+// (the mapping's own keys first, then the merged ones it does not set, the
+// first merged map winning), with no anchors left. budget counts the nodes
+// it may still make.
+func resolve(n *yamlv3.Node, budget *int) (*yamlv3.Node, error) {
+	if *budget--; *budget < 0 {
+		return nil, fmt.Errorf("the document expands to more than %d nodes through its aliases", maxResolvedNodes)
+	}
+	if n.Kind == yamlv3.AliasNode {
+		return resolve(n.Alias, budget)
+	}
+	out := *n
+	out.Anchor, out.Alias, out.Content = "", nil, nil
+	var merged []*yamlv3.Node
+	for k := 0; k < len(n.Content); k++ {
+		if n.Kind == yamlv3.MappingNode && k+1 < len(n.Content) && n.Content[k].Tag == "!!merge" {
+			from, err := resolve(n.Content[k+1], budget)
+			if err != nil {
+				return nil, err
+			}
+			maps := []*yamlv3.Node{from}
+			if from.Kind == yamlv3.SequenceNode {
+				maps = from.Content
+			}
+			for _, m := range maps {
+				if m.Kind != yamlv3.MappingNode {
+					return nil, fmt.Errorf("line %d: a merge key (<<) must name a map or a list of maps", n.Content[k].Line)
+				}
+				merged = append(merged, m.Content...)
+			}
+			k++
+			continue
+		}
+		c, err := resolve(n.Content[k], budget)
+		if err != nil {
+			return nil, err
+		}
+		out.Content = append(out.Content, c)
+	}
+	for k := 0; k+1 < len(merged); k += 2 {
+		if mappingValue(&out, merged[k].Value) == nil {
+			out.Content = append(out.Content, merged[k], merged[k+1])
+		}
+	}
+	return &out, nil
 }
 
 // comparisons are one parent's compare, decoded: the paths by count, and

@@ -283,6 +283,11 @@ func TestParseCustomCountsApart(t *testing.T) {
 	require.Len(t, p.CustomCounts, 1)
 	require.ErrorContains(t, p.CustomCounts[0].Err, "parents[0].customCounts: not a list of custom counts")
 
+	cfg, err = Parse([]byte("parents: [{version: v1, kind: A, customCounts: [], customCounts: []}]\n"))
+	require.NoError(t, err, "a customCounts given twice is the custom counts' problem")
+	require.Len(t, cfg.Parents[0].CustomCounts, 1)
+	require.ErrorContains(t, cfg.Parents[0].CustomCounts[0].Err, "parents[0].customCounts: given 2 times")
+
 	cfg, err = Parse([]byte("parents: [{version: v1, kind: A, customCounts: }]\nverifyOwner: yes\nnamespaceSelector: {matchLabels: {'team': '007'}}\n"))
 	require.NoError(t, err)
 	assert.Empty(t, cfg.Parents[0].CustomCounts)
@@ -291,7 +296,6 @@ func TestParseCustomCountsApart(t *testing.T) {
 
 	for doc, want := range map[string]string{
 		"parents: [{version: v1, kind: A}]\nverifyOwner: true\nverifyOwner: false\n":                                       `"verifyOwner" already set in map`,
-		"parents: [{version: v1, kind: A, customCounts: [], customCounts: []}]\n":                                          `"customCounts" already set in map`,
 		"parents: [{version: v1, kind: A, customCounts: [{name: ready, path: status.ready, expression: 'true'}]}]\nx: 1\n": "x: unknown key",
 		"parents: [{version: v1, kind: A, counts: [active]}]\n":                                                            "cannot unmarshal array",
 	} {
@@ -416,6 +420,49 @@ func TestParseCompare(t *testing.T) {
 			compare: "[completing]",
 			wantErr: `parents[0].compare: not a map of count names`,
 		},
+	}
+	// The same, written through YAML's aliases and merge keys, and given
+	// twice: the comparisons' problem still, never the document's.
+	written := map[string]struct {
+		doc     string
+		want    map[Count]string
+		wantErr string
+	}{
+		"given twice": {
+			doc:     "parents: [{version: v1, kind: A, counts: {completing: status.tally.completing}, compare: {completing: status.a}, compare: {active: status.b}}]\n",
+			wantErr: "parents[0].compare: given 2 times",
+		},
+		"through a merge key, not a map": {
+			doc:     "parents:\n- <<: {compare: [completing]}\n  version: v1\n  kind: A\n  counts: {completing: status.tally.completing}\n",
+			wantErr: "parents[0].compare: not a map of count names",
+		},
+		"through a merge key, a value that is a map": {
+			doc:     "parents:\n- <<: [{compare: {completing: {a: 1}}}, {kind: B}]\n  version: v1\n  kind: A\n  counts: {completing: status.tally.completing}\n",
+			wantErr: "parents[0].compare.completing: not a status path",
+		},
+		"an anchor inside it that the rest uses": {
+			doc:  "parents:\n- {version: v1, kind: A, counts: {completing: status.tally.completing}, compare: {completing: &legacy status.legacy}}\n- {version: v1, kind: B, counts: {completing: *legacy}}\n",
+			want: map[Count]string{Completing: "status.legacy"},
+		},
+		"an alias of a valid map": {
+			doc: "parents:\n- {version: v1, kind: A, counts: {completing: status.tally.completing}, compare: &c {completing: status.completing}}\n" +
+				"- {version: v1, kind: B, counts: {completing: status.tally.completing}, compare: *c}\n",
+			want: map[Count]string{Completing: "status.completing"},
+		},
+	}
+	for name, tc := range written {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tc.doc))
+			require.NoError(t, err, "a comparison's problem is its own")
+			if tc.wantErr != "" {
+				require.ErrorContains(t, cfg.CompareErrors(), tc.wantErr)
+				_, err = Check([]byte(tc.doc))
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, cfg.CompareErrors())
+			assert.Equal(t, tc.want, cfg.Parents[0].Compare)
+		})
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
