@@ -107,7 +107,7 @@ def stop(pod) -> None:
     """End a marked pod: delete it, so that its worker gets SIGTERM and the
     pod's grace period to finish its work and exit (the pause container
     exits at once). tally counts it in status.completing until it is gone,
-    then in status.completedTotal. The UID precondition keeps a new pod that
+    and in status.completedTotal. The UID precondition keeps a new pod that
     took the name from being deleted instead."""
     options = kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=pod.metadata.uid))
     try:

@@ -234,7 +234,7 @@ func TestExplainAndDoctor(t *testing.T) {
 		assert.Contains(t, out, "none finished more than 2m0s (the aggregator's --tracking-grace) ago", "the grace read from the chart's Deployment")
 	})
 
-	t.Run("doctor --config: a custom count that does not compile", func(t *testing.T) {
+	t.Run("doctor --config: a custom count that does not compile, and a comparison of a total", func(t *testing.T) {
 		file := filepath.Join(t.TempDir(), "config.yaml")
 		require.NoError(t, os.WriteFile(file, []byte(`parents:
   - group: example.tally.dev
@@ -244,14 +244,17 @@ func TestExplainAndDoctor(t *testing.T) {
       - name: ready
         path: status.ready
         expression: 'pod.status.conditions.exists(c, c.type == "Ready") && pod.stauts.phase == "Running"'
+    compare:
+      unexpectedTotal: status.restarts
 `), 0o600))
 		code, out := in.run("--tally-namespace", ns, "doctor", "--config", file)
 		assert.Equal(t, app.ExitProblem, code, out)
 		assert.Contains(t, out, "FAIL  config: ")
 		assert.Contains(t, out, `parents[0].customCounts[0].expression: the expression of WorkerPool.example.tally.dev's count "ready" does not compile`)
 		assert.Contains(t, out, "ERROR: parents[0].customCounts[0].expression:1:58: undefined field 'stauts'")
-		assert.Contains(t, out, "the aggregator leaves these custom counts unwritten, and serves everything else")
-		assert.Contains(t, out, "fix these custom counts (helm install and upgrade refuse them)")
+		assert.Contains(t, out, "parents[0].compare.unexpectedTotal: a total cannot be compared")
+		assert.Contains(t, out, "the aggregator leaves these custom counts unwritten and these comparisons out, and serves everything else")
+		assert.Contains(t, out, "fix these custom counts and comparisons (helm install and upgrade refuse them)")
 		assert.Contains(t, out, "OK    webhook registration", "the other checks run on the rest of the configuration")
 	})
 

@@ -32,13 +32,9 @@ func (c configCheck) run(ctx context.Context, d *doctor) Check {
 		from = "ConfigMap " + d.tallyNamespace + "/" + d.configMapName()
 	}
 	d.cfg = cfg
-	if err := cfg.CustomCountErrors(); err != nil {
-		return fail(c.name(), "fix these custom counts (helm install and upgrade refuse them): see docs/configuration.md",
-			"%s: the aggregator leaves these custom counts unwritten, and serves everything else: %v", from, err)
-	}
-	if err := cfg.CompareErrors(); err != nil {
-		return fail(c.name(), "fix these comparisons (helm install and upgrade refuse them): see docs/configuration.md",
-			"%s: the aggregator leaves these comparisons out, and makes the others: %v", from, err)
+	if err := errors.Join(cfg.CustomCountErrors(), cfg.CompareErrors()); err != nil {
+		return fail(c.name(), "fix these custom counts and comparisons (helm install and upgrade refuse them): see docs/configuration.md",
+			"%s: the aggregator leaves these custom counts unwritten and these comparisons out, and serves everything else: %v", from, err)
 	}
 	return ok(c.name(), "%s: parent kinds %s, verifyOwner %t", from, strings.Join(kinds, ", "), cfg.VerifyOwner)
 }
