@@ -28,17 +28,10 @@ type Finished struct {
 // WatchFinished starts recording the finished pods of namespace ns until
 // ctx is done, and waits for the first list.
 func WatchFinished(ctx context.Context, cfg *rest.Config, ns string) (*Finished, error) {
-	cs, err := kubernetes.NewForConfig(cfg)
+	informer, err := podInformer(cfg, ns)
 	if err != nil {
 		return nil, err
 	}
-	pods := cs.CoreV1().Pods(ns)
-	informer := toolscache.NewSharedIndexInformer(&toolscache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return pods.List(ctx, o) },
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return pods.Watch(ctx, o)
-		},
-	}, &corev1.Pod{}, 0, toolscache.Indexers{})
 	f := &Finished{uid: map[types.UID]config.Count{}}
 	_, err = informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { f.record(obj, false) },
@@ -51,6 +44,22 @@ func WatchFinished(ctx context.Context, cfg *rest.Config, ns string) (*Finished,
 	go informer.RunWithContext(ctx)
 	toolscache.WaitForCacheSync(ctx.Done(), informer.HasSynced)
 	return f, nil
+}
+
+// podInformer returns an informer of the pods of namespace ns, not
+// started.
+func podInformer(cfg *rest.Config, ns string) (toolscache.SharedIndexInformer, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	pods := cs.CoreV1().Pods(ns)
+	return toolscache.NewSharedIndexInformer(&toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return pods.List(ctx, o) },
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return pods.Watch(ctx, o)
+		},
+	}, &corev1.Pod{}, 0, toolscache.Indexers{}), nil
 }
 
 func (f *Finished) record(obj any, deleted bool) {

@@ -11,12 +11,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -52,19 +48,12 @@ type legacyCounter struct {
 // startLegacyCounter starts a counter at path of the demo pool, fed by a
 // watch of the demo namespace's pods, until ctx is done.
 func startLegacyCounter(ctx context.Context, cfg *rest.Config, c client.Client, path string, seed uint64) (*legacyCounter, error) {
-	cs, err := kubernetes.NewForConfig(cfg)
+	informer, err := podInformer(cfg, Namespace)
 	if err != nil {
 		return nil, err
 	}
 	l := &legacyCounter{client: c, path: strings.Split(path, "."), ctx: ctx, informed: make(chan struct{}),
 		rng: rand.New(rand.NewPCG(seed, 3)), marked: map[types.UID]bool{}, ended: map[types.UID]bool{}}
-	pods := cs.CoreV1().Pods(Namespace)
-	informer := toolscache.NewSharedIndexInformer(&toolscache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return pods.List(ctx, o) },
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return pods.Watch(ctx, o)
-		},
-	}, &corev1.Pod{}, 0, toolscache.Indexers{})
 	_, err = informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { l.observe(obj, false) },
 		UpdateFunc: func(_, obj any) { l.observe(obj, false) },

@@ -172,11 +172,7 @@ func (c *compared) init(kind string, fields []compareField) {
 func (c *compared) set(parent parentKey, uid types.UID, name config.Count, by int64, now time.Time) drift {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	byCount := c.drifts[parent]
-	if byCount == nil {
-		byCount = map[config.Count]*drift{}
-		c.drifts[parent] = byCount
-	}
+	byCount := c.of(parent)
 	d := byCount[name]
 	switch {
 	case d == nil || d.uid != uid || d.notInteger || d.by == 0 && by != 0:
@@ -194,16 +190,22 @@ func (c *compared) set(parent parentKey, uid types.UID, name config.Count, by in
 func (c *compared) unreadable(parent parentKey, uid types.UID, name config.Count) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	byCount := c.drifts[parent]
-	if byCount == nil {
-		byCount = map[config.Count]*drift{}
-		c.drifts[parent] = byCount
-	}
+	byCount := c.of(parent)
 	if d := byCount[name]; d != nil && d.uid == uid && d.notInteger {
 		return false
 	}
 	byCount[name] = &drift{uid: uid, notInteger: true}
 	return true
+}
+
+// of returns the drifts of parent, made empty if it has none; c.mu held.
+func (c *compared) of(parent parentKey) map[config.Count]*drift {
+	byCount := c.drifts[parent]
+	if byCount == nil {
+		byCount = map[config.Count]*drift{}
+		c.drifts[parent] = byCount
+	}
+	return byCount
 }
 
 // warn records that parent got the Event of count's difference.
