@@ -8,6 +8,7 @@ package explain
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -63,6 +64,9 @@ type Report struct {
 	// compares with its counts (shadow mode: the kind's compare), in the
 	// order of the counts.
 	Compared []Compared `json:"compared,omitempty"`
+	// Uncompared are the kind's comparisons the aggregator cannot make
+	// (config.Parent.CompareErrs): it leaves them out.
+	Uncompared []string `json:"uncompared,omitempty"`
 }
 
 // Compared is a field the parent's operator keeps beside tally's count and
@@ -225,6 +229,9 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 		r.Unkept = append(r.Unkept, Unkept{Count: config.Count(c.Name), Path: c.Path, Error: c.Err.Error()})
 	}
 	r.Compared = compared(parent, p, fresh, custom, r.Fields)
+	for _, name := range slices.Sorted(maps.Keys(p.CompareErrs)) {
+		r.Uncompared = append(r.Uncompared, p.CompareErrs[name].Error())
+	}
 	if p.Tracked() {
 		r.Ledger = &Ledger{Path: p.Ledger}
 		book, err := ledger.ReadBook(parent.Object, p.LedgerPath(), p.Fields())

@@ -177,6 +177,11 @@ func TestExplain(t *testing.T) {
 		assert.False(t, r.Compared[0].Equal())
 		assert.True(t, r.Compared[1].Equal())
 		assert.False(t, r.Compared[2].Equal())
+		assert.Empty(t, r.Uncompared)
+
+		shadow.CompareErrs = map[config.Count]error{config.CompletedTotal: errors.New("parents[0].compare.completedTotal: a total cannot be compared")}
+		r = Explain(parent(map[string]any{}), shadow, pods)
+		assert.Equal(t, []string{"parents[0].compare.completedTotal: a total cannot be compared"}, r.Uncompared)
 	})
 	t.Run("field absent", func(t *testing.T) {
 		r := Explain(parent(map[string]any{"active": int64(2), "completing": int64(1)}), parentKind, pods)

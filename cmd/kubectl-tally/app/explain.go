@@ -221,6 +221,9 @@ func writeReport(out io.Writer, r explain.Report, now time.Time) {
 		}
 		w.Flush()
 	}
+	for _, e := range r.Uncompared {
+		fmt.Fprintf(out, "\nComparison not made (fix the configuration; kubectl tally doctor):\n  %s\n", strings.ReplaceAll(e, "\n", "\n  "))
+	}
 	if len(r.Totals) > 0 {
 		fmt.Fprintln(out)
 		w = printers.GetNewTabWriter(out)
