@@ -375,10 +375,13 @@ func checkKeys(data []byte) error {
 // document data, the keys only the aggregator reads, and decodes each
 // custom count and each comparison on its own: one that does not decode (a
 // key twice, an unknown key, a value of the wrong type, an item that is not
-// a map) gets the problem as its error, as does a customCounts that is not a
-// list or a compare that is not a map. It returns the rest of the document,
-// whose decoding is as strict as ever, and the custom counts and the
-// comparisons by parent index.
+// a map, aliases that expand past the bounds) gets the problem as its
+// error, as does a customCounts that is not a list, a compare that is not
+// a map, or either given twice. Their aliases are resolved, and an alias of
+// the rest that names a node inside them gets a copy in its place. It
+// returns the rest of the document, whose decoding is as strict as ever
+// (keys a merge key (<<) brings into a parent are the strict decoding's
+// too), and the custom counts and the comparisons by parent index.
 func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]comparisons, error) {
 	var root yamlv3.Node
 	if err := yamlv3.Unmarshal(data, &root); err != nil {
@@ -387,21 +390,25 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 	if root.Kind != yamlv3.DocumentNode || len(root.Content) != 1 || root.Content[0].Kind != yamlv3.MappingNode {
 		return data, nil, nil, nil // the strict decoding says what is wrong
 	}
-	// As the strict decoding reads it: the keys are taken out whatever way
-	// the document wrote them (through an alias, a merge key), and nothing
-	// left refers to an anchor inside what is taken out.
-	budget := maxResolvedNodes
-	doc, err := resolve(root.Content[0], &budget)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	root.Content[0] = doc
 	parents := mappingValue(root.Content[0], "parents")
 	if parents == nil || parents.Kind != yamlv3.SequenceNode {
 		return data, nil, nil, nil
 	}
+	budget := &expansion{nodes: maxExpandedNodes, bytes: maxExpandedBytes}
+	// A parent written as an alias gets a copy of its own, made before any
+	// key is taken out of the node it names.
+	for i, p := range parents.Content {
+		if p.Kind == yamlv3.AliasNode && p.Alias.Kind == yamlv3.MappingNode {
+			c, err := budget.resolved(p)
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("parents[%d]: %w", i, err)
+			}
+			parents.Content[i] = c
+		}
+	}
 	custom := map[int][]CustomCount{}
 	compare := map[int]comparisons{}
+	var out []*yamlv3.Node
 	for i, p := range parents.Content {
 		if p.Kind != yamlv3.MappingNode {
 			continue
@@ -420,17 +427,30 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 			continue
 		}
 		p.Content = keep
+		out = append(out, counts...)
+		out = append(out, comps...)
+		// Each value on its own, its aliases resolved: what they name may
+		// be anywhere, and what goes wrong (an anchor that contains
+		// itself, aliases past the bound) is the value's problem.
 		switch key := fmt.Sprintf("parents[%d].customCounts", i); len(counts) {
 		case 0:
 		case 1:
-			custom[i] = decodeCustomCounts(key, counts[0])
+			if v, err := budget.resolved(counts[0]); err != nil {
+				custom[i] = []CustomCount{{Err: fmt.Errorf("%s: %w", key, err)}}
+			} else {
+				custom[i] = decodeCustomCounts(key, v)
+			}
 		default:
 			custom[i] = []CustomCount{{Err: fmt.Errorf("%s: given %d times", key, len(counts))}}
 		}
 		switch key := fmt.Sprintf("parents[%d].compare", i); len(comps) {
 		case 0:
 		case 1:
-			compare[i] = decodeCompare(key, comps[0])
+			if v, err := budget.resolved(comps[0]); err != nil {
+				compare[i] = comparisons{errs: map[Count]error{"": fmt.Errorf("%s: %w", key, err)}}
+			} else {
+				compare[i] = decodeCompare(key, v)
+			}
 		default:
 			compare[i] = comparisons{errs: map[Count]error{"": fmt.Errorf("%s: given %d times", key, len(comps))}}
 		}
@@ -438,60 +458,80 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 	if len(custom)+len(compare) == 0 {
 		return data, nil, nil, nil
 	}
+	// An alias left in the rest that names a node taken out gets a copy of
+	// it in its place, so that the rest means what it meant.
+	inside := map[*yamlv3.Node]bool{}
+	for _, n := range out {
+		within(n, inside)
+	}
+	if err := budget.inline(root.Content[0], inside); err != nil {
+		return nil, nil, nil, err
+	}
 	rest, err := yamlv3.Marshal(&root)
 	return rest, custom, compare, err
 }
 
-// maxResolvedNodes bounds the nodes a document may expand to once its
-// aliases are resolved: a few aliases can name each other into billions.
-const maxResolvedNodes = 1 << 16
+// within adds n and the nodes under it (not those its aliases name) to set.
+func within(n *yamlv3.Node, set map[*yamlv3.Node]bool) {
+	set[n] = true
+	for _, c := range n.Content {
+		within(c, set)
+	}
+}
 
-// resolve returns a copy of the node n with every alias replaced by a copy
-// of the node it names, and every merge key (<<) expanded into its mapping
-// (the mapping's own keys first, then the merged ones it does not set, the
-// first merged map winning), with no anchors left. budget counts the nodes
-// it may still make.
-func resolve(n *yamlv3.Node, budget *int) (*yamlv3.Node, error) {
-	if *budget--; *budget < 0 {
-		return nil, fmt.Errorf("the document expands to more than %d nodes through its aliases", maxResolvedNodes)
+// Bounds on the copies that resolving aliases makes (expansion): a few
+// aliases can name each other into billions of nodes, or a long string
+// into gigabytes.
+const (
+	maxExpandedNodes = 1 << 14
+	maxExpandedBytes = 1 << 20
+)
+
+// expansion is what resolving aliases may still copy.
+type expansion struct{ nodes, bytes int }
+
+// resolved returns a copy of the node n with every alias replaced by a copy
+// of the node it names, with no anchors left, within e's bounds.
+func (e *expansion) resolved(n *yamlv3.Node) (*yamlv3.Node, error) {
+	e.nodes--
+	e.bytes -= len(n.Value) + len(n.HeadComment) + len(n.LineComment) + len(n.FootComment)
+	if e.nodes < 0 || e.bytes < 0 {
+		return nil, fmt.Errorf("line %d: its aliases expand to more than %d nodes or %d bytes (an anchor that contains itself?)", n.Line, maxExpandedNodes, maxExpandedBytes)
 	}
 	if n.Kind == yamlv3.AliasNode {
-		return resolve(n.Alias, budget)
+		return e.resolved(n.Alias)
 	}
 	out := *n
-	out.Anchor, out.Alias, out.Content = "", nil, nil
-	var merged []*yamlv3.Node
-	for k := 0; k < len(n.Content); k++ {
-		if n.Kind == yamlv3.MappingNode && k+1 < len(n.Content) && n.Content[k].Tag == "!!merge" {
-			from, err := resolve(n.Content[k+1], budget)
-			if err != nil {
-				return nil, err
-			}
-			maps := []*yamlv3.Node{from}
-			if from.Kind == yamlv3.SequenceNode {
-				maps = from.Content
-			}
-			for _, m := range maps {
-				if m.Kind != yamlv3.MappingNode {
-					return nil, fmt.Errorf("line %d: a merge key (<<) must name a map or a list of maps", n.Content[k].Line)
-				}
-				merged = append(merged, m.Content...)
-			}
-			k++
-			continue
-		}
-		c, err := resolve(n.Content[k], budget)
+	out.Anchor, out.Alias, out.Content = "", nil, make([]*yamlv3.Node, 0, len(n.Content))
+	for _, c := range n.Content {
+		rc, err := e.resolved(c)
 		if err != nil {
 			return nil, err
 		}
-		out.Content = append(out.Content, c)
-	}
-	for k := 0; k+1 < len(merged); k += 2 {
-		if mappingValue(&out, merged[k].Value) == nil {
-			out.Content = append(out.Content, merged[k], merged[k+1])
-		}
+		out.Content = append(out.Content, rc)
 	}
 	return &out, nil
+}
+
+// inline replaces each alias under n that names a node of set with a copy
+// of it (resolved); it does not follow the other aliases.
+func (e *expansion) inline(n *yamlv3.Node, set map[*yamlv3.Node]bool) error {
+	for i, c := range n.Content {
+		if c.Kind == yamlv3.AliasNode {
+			if set[c.Alias] {
+				rc, err := e.resolved(c)
+				if err != nil {
+					return err
+				}
+				n.Content[i] = rc
+			}
+			continue
+		}
+		if err := e.inline(c, set); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // comparisons are one parent's compare, decoded: the paths by count, and
@@ -521,6 +561,8 @@ func decodeCompare(key string, m *yamlv3.Node) comparisons {
 		case dup || bad:
 			c.errs[name] = fmt.Errorf("%s: given twice", at)
 			delete(c.paths, name)
+		case m.Content[k].Tag == "!!merge":
+			c.errs[name] = fmt.Errorf("%s: a merge key (<<) is not read here: write each comparison in compare itself", at)
 		case value.Kind != yamlv3.ScalarNode || value.Tag != "!!str":
 			c.errs[name] = fmt.Errorf("%s: not a status path (e.g. status.%s)", at, name)
 		default:

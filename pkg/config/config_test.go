@@ -421,8 +421,8 @@ func TestParseCompare(t *testing.T) {
 			wantErr: `parents[0].compare: not a map of count names`,
 		},
 	}
-	// The same, written through YAML's aliases and merge keys, and given
-	// twice: the comparisons' problem still, never the document's.
+	// The same, written through YAML's aliases, and given twice: the
+	// comparisons' problem still, never the document's.
 	written := map[string]struct {
 		doc     string
 		want    map[Count]string
@@ -432,17 +432,17 @@ func TestParseCompare(t *testing.T) {
 			doc:     "parents: [{version: v1, kind: A, counts: {completing: status.tally.completing}, compare: {completing: status.a}, compare: {active: status.b}}]\n",
 			wantErr: "parents[0].compare: given 2 times",
 		},
-		"through a merge key, not a map": {
-			doc:     "parents:\n- <<: {compare: [completing]}\n  version: v1\n  kind: A\n  counts: {completing: status.tally.completing}\n",
-			wantErr: "parents[0].compare: not a map of count names",
-		},
-		"through a merge key, a value that is a map": {
-			doc:     "parents:\n- <<: [{compare: {completing: {a: 1}}}, {kind: B}]\n  version: v1\n  kind: A\n  counts: {completing: status.tally.completing}\n",
-			wantErr: "parents[0].compare.completing: not a status path",
-		},
 		"an anchor inside it that the rest uses": {
 			doc:  "parents:\n- {version: v1, kind: A, counts: {completing: status.tally.completing}, compare: {completing: &legacy status.legacy}}\n- {version: v1, kind: B, counts: {completing: *legacy}}\n",
 			want: map[Count]string{Completing: "status.legacy"},
+		},
+		"an anchor that contains itself": {
+			doc:     "parents:\n- {version: v1, kind: A, counts: {completing: status.tally.completing}, compare: &c {completing: *c}}\n",
+			wantErr: "parents[0].compare: line 2: its aliases expand to more than",
+		},
+		"a merge key inside it": {
+			doc:     "parents:\n- {version: v1, kind: A, counts: {completing: status.tally.completing}, compare: {<<: [status.x]}}\n",
+			wantErr: "parents[0].compare.<<: a merge key (<<) is not read here",
 		},
 		"an alias of a valid map": {
 			doc: "parents:\n- {version: v1, kind: A, counts: {completing: status.tally.completing}, compare: &c {completing: status.completing}}\n" +

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"testing"
 )
 
@@ -28,8 +29,8 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		if (cfg.CustomCountErrors() == nil) != (checkErr == nil) {
-			t.Fatalf("Check: %v, with the custom counts' errors %v", checkErr, cfg.CustomCountErrors())
+		if own := errors.Join(cfg.CustomCountErrors(), cfg.CompareErrors()); (own == nil) != (checkErr == nil) {
+			t.Fatalf("Check: %v, with the custom counts' and comparisons' errors %v", checkErr, own)
 		}
 		if checked != nil && len(checked.Parents) != len(cfg.Parents) {
 			t.Fatalf("Check and Parse read %d and %d parents", len(checked.Parents), len(cfg.Parents))
