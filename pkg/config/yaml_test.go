@@ -52,7 +52,7 @@ func TestMergeKeysElsewhereRefusedAsBefore(t *testing.T) {
 		// The strict decoder refuses a key set both by a merge and
 		// directly ("key already set in map").
 		"a merge that a key overrides": "parents:\n- &b {version: v1, kind: B}\n- <<: *b\n  kind: A\n  compare: {}\n",
-		"two merged maps that overlap":  "parents:\n- &b {version: v1, kind: B}\n- &c {version: v1, kind: C}\n- <<: [*b, *c]\n  group: x.y\n  compare: {}\n",
+		"two merged maps that overlap": "parents:\n- &b {version: v1, kind: B}\n- &c {version: v1, kind: C}\n- <<: [*b, *c]\n  group: x.y\n  compare: {}\n",
 		// The strict decoder refuses a merge key whose value is an alias
 		// of a sequence ("map merge requires map or sequence of maps").
 		"a merge of an alias of a sequence": "namespaceSelector: {matchExpressions: &l []}\nparents:\n- <<: *l\n  version: v1\n  kind: A\n  compare: {}\n",
@@ -76,7 +76,7 @@ func TestAliasesOfALongScalarStayCheap(t *testing.T) {
 	bomb := "  s: &s " + strings.Repeat("x", 256) + "\n  a: " + list("&l1", "*s", 16) + "\n  b: " + list("&l2", "*l1", 16) +
 		"\n  c: " + list("&l3", "*l2", 16) + "\n  d: " + list("", "*l3", 6) + "\n"
 	for name, doc := range map[string]string{
-		"in the rest":        "parents:\n- version: v1\n  kind: A\n  compare: {}\nx:\n" + bomb,
+		"in the rest":       "parents:\n- version: v1\n  kind: A\n  compare: {}\nx:\n" + bomb,
 		"in a custom count": "parents:\n- version: v1\n  kind: A\n  customCounts:\n  - name: r\n    path: status.r\n    expression: 'true'\n    x:\n  " + strings.ReplaceAll(bomb, "\n  ", "\n    ") + "\n",
 	} {
 		t.Run(name, func(t *testing.T) {
