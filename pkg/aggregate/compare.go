@@ -112,7 +112,7 @@ func (r *Reconciler) compareCounts(ctx context.Context, key parentKey, parent *u
 			"field", f.path, "operator", operator, "count", f.count.Count, "tally", tally, "for", since.String())
 		if r.Recorder != nil {
 			r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "CountDiffers", "Compare",
-				"%s shows %d, but tally counts %d %s pods (%s) and has for %s: kubectl tally explain shows both beside a fresh count",
+				"%s shows %d, but tally counts %d %s pods (%s); they have differed for %s: kubectl tally explain shows both beside a fresh count",
 				f.path, operator, tally, f.count.Count, written, since)
 		}
 	}

@@ -116,7 +116,8 @@ type Parent struct {
 	// After Parse it holds only the comparisons that can be made.
 	Compare map[Count]string `json:"compare,omitempty"`
 	// CompareErrs are why the other comparisons cannot be made, by count
-	// (the empty count: compare itself is not a map), found by Parse. As
+	// (the empty count: compare as a whole, not a map, given twice, or
+	// past the bounds on its aliases), found by Parse. As
 	// for custom counts, only the aggregator reads them: it makes the
 	// comparisons it can, the webhook ignores them, and Check refuses
 	// the configuration.
@@ -394,12 +395,11 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 	if parents == nil || parents.Kind != yamlv3.SequenceNode {
 		return data, nil, nil, nil
 	}
-	budget := &expansion{nodes: maxExpandedNodes, bytes: maxExpandedBytes}
 	// A parent written as an alias gets a copy of its own, made before any
 	// key is taken out of the node it names.
 	for i, p := range parents.Content {
 		if p.Kind == yamlv3.AliasNode && p.Alias.Kind == yamlv3.MappingNode {
-			c, err := budget.resolved(p)
+			c, err := newExpansion().resolved(p, false)
 			if err != nil {
 				return nil, nil, nil, fmt.Errorf("parents[%d]: %w", i, err)
 			}
@@ -435,7 +435,7 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 		switch key := fmt.Sprintf("parents[%d].customCounts", i); len(counts) {
 		case 0:
 		case 1:
-			if v, err := budget.resolved(counts[0]); err != nil {
+			if v, err := newExpansion().resolved(counts[0], false); err != nil {
 				custom[i] = []CustomCount{{Err: fmt.Errorf("%s: %w", key, err)}}
 			} else {
 				custom[i] = decodeCustomCounts(key, v)
@@ -446,7 +446,7 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 		switch key := fmt.Sprintf("parents[%d].compare", i); len(comps) {
 		case 0:
 		case 1:
-			if v, err := budget.resolved(comps[0]); err != nil {
+			if v, err := newExpansion().resolved(comps[0], false); err != nil {
 				compare[i] = comparisons{errs: map[Count]error{"": fmt.Errorf("%s: %w", key, err)}}
 			} else {
 				compare[i] = decodeCompare(key, v)
@@ -464,7 +464,7 @@ func takeAggregatorKeys(data []byte) ([]byte, map[int][]CustomCount, map[int]com
 	for _, n := range out {
 		within(n, inside)
 	}
-	if err := budget.inline(root.Content[0], inside); err != nil {
+	if err := newExpansion().inline(root.Content[0], inside); err != nil {
 		return nil, nil, nil, err
 	}
 	rest, err := yamlv3.Marshal(&root)
@@ -479,7 +479,7 @@ func within(n *yamlv3.Node, set map[*yamlv3.Node]bool) {
 	}
 }
 
-// Bounds on the copies that resolving aliases makes (expansion): a few
+// Bounds on what resolving the aliases of one value adds (expansion): a few
 // aliases can name each other into billions of nodes, or a long string
 // into gigabytes.
 const (
@@ -487,24 +487,31 @@ const (
 	maxExpandedBytes = 1 << 20
 )
 
-// expansion is what resolving aliases may still copy.
+// expansion is what resolving aliases may still add.
 type expansion struct{ nodes, bytes int }
 
+func newExpansion() *expansion {
+	return &expansion{nodes: maxExpandedNodes, bytes: maxExpandedBytes}
+}
+
 // resolved returns a copy of the node n with every alias replaced by a copy
-// of the node it names, with no anchors left, within e's bounds.
-func (e *expansion) resolved(n *yamlv3.Node) (*yamlv3.Node, error) {
-	e.nodes--
-	e.bytes -= len(n.Value) + len(n.HeadComment) + len(n.LineComment) + len(n.FootComment)
-	if e.nodes < 0 || e.bytes < 0 {
-		return nil, fmt.Errorf("line %d: its aliases expand to more than %d nodes or %d bytes (an anchor that contains itself?)", n.Line, maxExpandedNodes, maxExpandedBytes)
-	}
+// of the node it names, with no anchors left; what the aliases add (aliased:
+// n is reached through one) counts against e's bounds.
+func (e *expansion) resolved(n *yamlv3.Node, aliased bool) (*yamlv3.Node, error) {
 	if n.Kind == yamlv3.AliasNode {
-		return e.resolved(n.Alias)
+		return e.resolved(n.Alias, true)
+	}
+	if aliased {
+		e.nodes--
+		e.bytes -= len(n.Value) + len(n.HeadComment) + len(n.LineComment) + len(n.FootComment)
+		if e.nodes < 0 || e.bytes < 0 {
+			return nil, fmt.Errorf("line %d: aliases expand to more than %d nodes or %d bytes (an anchor that contains itself?)", n.Line, maxExpandedNodes, maxExpandedBytes)
+		}
 	}
 	out := *n
 	out.Anchor, out.Alias, out.Content = "", nil, make([]*yamlv3.Node, 0, len(n.Content))
 	for _, c := range n.Content {
-		rc, err := e.resolved(c)
+		rc, err := e.resolved(c, aliased)
 		if err != nil {
 			return nil, err
 		}
@@ -519,7 +526,7 @@ func (e *expansion) inline(n *yamlv3.Node, set map[*yamlv3.Node]bool) error {
 	for i, c := range n.Content {
 		if c.Kind == yamlv3.AliasNode {
 			if set[c.Alias] {
-				rc, err := e.resolved(c)
+				rc, err := e.resolved(c, false)
 				if err != nil {
 					return err
 				}
@@ -751,6 +758,11 @@ func validateCustomCounts(at, kind string, custom []CustomCount, mapPath func(ke
 	names := map[string]int{}
 	for i := range custom {
 		c := &custom[i]
+		if c.Err != nil && c.Name == "" && c.Path == "" && c.Expression == "" {
+			// Nothing of it decoded (customCounts is not a list, or an
+			// item not a map): its decoding said what is wrong.
+			continue
+		}
 		key := fmt.Sprintf("%s.customCounts[%d]", at, i)
 		errs := []error{c.Err} // what its decoding found
 		if i >= MaxCustomCounts {
@@ -786,8 +798,9 @@ func validateCustomCounts(at, kind string, custom []CustomCount, mapPath func(ke
 // p.Compare to p.CompareErrs: a count that is not one of the pods that
 // exist (a total counts only the pods that finished since tally tracked
 // the kind) nor a custom count of the kind that can be kept, or a path
-// that is not valid or overlaps a field tally writes (counts, its mapped
-// counts). Called after the custom counts are validated.
+// that is not valid or overlaps a field tally writes (its mapped counts,
+// its custom counts that can be kept, the ledger). Called after the custom
+// counts are validated.
 func validateCompare(at string, p *Parent, counts map[Count]string) {
 	if len(p.Compare) == 0 {
 		return

@@ -438,7 +438,7 @@ func TestParseCompare(t *testing.T) {
 		},
 		"an anchor that contains itself": {
 			doc:     "parents:\n- {version: v1, kind: A, counts: {completing: status.tally.completing}, compare: &c {completing: *c}}\n",
-			wantErr: "parents[0].compare: line 2: its aliases expand to more than",
+			wantErr: "parents[0].compare: line 2: aliases expand to more than",
 		},
 		"a merge key inside it": {
 			doc:     "parents:\n- {version: v1, kind: A, counts: {completing: status.tally.completing}, compare: {<<: [status.x]}}\n",

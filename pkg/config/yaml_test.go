@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -99,4 +100,37 @@ func TestNoBoundOnADocumentWithoutAliases(t *testing.T) {
 	require.NotContains(t, doc, "*")
 	_, err := Parse([]byte(doc))
 	assert.NoError(t, err, "nothing here is an alias")
+}
+
+// TestBoundsAreEachValues: the bounds on what aliases add hold for each
+// value on its own: a document of many long custom counts, with no alias,
+// keeps every one.
+func TestBoundsAreEachValues(t *testing.T) {
+	var doc strings.Builder
+	doc.WriteString("parents:\n")
+	for k := range 40 {
+		fmt.Fprintf(&doc, "- version: v1\n  kind: K%d\n  counts: {completing: status.tally.completing}\n  compare: {completing: status.completing}\n  customCounts:\n", k)
+		fmt.Fprintf(&doc, "  - {name: long, path: status.long, expression: '%s'}\n", "true"+strings.Repeat(" && true", 4000))
+	}
+	cfg, err := Check([]byte(doc.String()))
+	require.NoError(t, err)
+	require.Len(t, cfg.Parents, 40)
+	for _, p := range cfg.Parents {
+		require.Len(t, p.CustomCounts, 1)
+		assert.Equal(t, map[Count]string{Completing: "status.completing"}, p.Compare)
+	}
+}
+
+// TestWholeCustomCountsErrorsAlone: customCounts given twice, or not a
+// list, is reported as such, with no other message about a count nobody
+// wrote.
+func TestWholeCustomCountsErrorsAlone(t *testing.T) {
+	for doc, want := range map[string]string{
+		"parents: [{version: v1, kind: A, customCounts: [], customCounts: []}]\n": "parents[0].customCounts: given 2 times",
+		"parents: [{version: v1, kind: A, customCounts: {name: r}}]\n":            "parents[0].customCounts: not a list of custom counts",
+	} {
+		_, err := Check([]byte(doc))
+		require.Error(t, err, doc)
+		assert.Equal(t, want, err.Error(), doc)
+	}
 }
