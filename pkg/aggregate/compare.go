@@ -24,32 +24,6 @@ import (
 // from tally's count before the parent gets a Warning Event.
 const DefaultDriftAfter = time.Minute
 
-// compareField is one field a kind's operator keeps (config.Parent.Compare),
-// and the count it is compared with.
-type compareField struct {
-	// count is the field of the count, for count.Counts.Value: its Path
-	// is the operator's field, not one tally writes.
-	count config.Field
-	path  string
-}
-
-// compareFields returns the comparisons of p, in the order of its counts,
-// then of its custom counts.
-func compareFields(p config.Parent) []compareField {
-	var out []compareField
-	for _, name := range config.Counts {
-		if path, ok := p.Compare[name]; ok {
-			out = append(out, compareField{count: config.Field{Count: name, Path: strings.Split(path, ".")}, path: path})
-		}
-	}
-	for i, c := range p.CustomCounts {
-		if path, ok := p.Compare[config.Count(c.Name)]; ok && c.Err == nil {
-			out = append(out, compareField{count: config.Field{Count: config.Count(c.Name), Path: strings.Split(path, "."), Custom: true, Index: i}, path: path})
-		}
-	}
-	return out
-}
-
 // OperatorValue reads the value a parent's operator keeps at path: absent is
 // 0 (an operator's status struct may omit a zero), and a value that is not
 // an integer cannot be compared (false).
@@ -70,29 +44,33 @@ func OperatorValue(parent *unstructured.Unstructured, path []string) (int64, boo
 // until it agrees again). It returns when the parent should be compared
 // again to tell: 0 when no warning is due.
 func (r *Reconciler) compareCounts(ctx context.Context, key parentKey, parent *unstructured.Unstructured, counts count.Counts) time.Duration {
-	if len(r.compare) == 0 || !r.mayWrite() || !r.sameView(ctx) || passOf(ctx).isLagged() {
+	if len(r.compare) == 0 {
+		return 0
+	}
+	if !r.mayWrite() || !r.sameView(ctx) || passOf(ctx).isLagged() {
 		// Nothing compared from a view that stopped being fresh since the
 		// count, nor from a parent older than the API server's (an apply
 		// met a newer one): the parent comes back, fresh or read again.
-		return 0
+		return conflictRequeue
 	}
 	now := time.Now()
 	var again time.Duration
 	for _, f := range r.compare {
-		tally, known := counts.Value(f.count)
+		tally, known := counts.Value(f)
 		if !known {
 			// A custom count not known yet: the last difference stands.
 			continue
 		}
-		operator, ok := OperatorValue(parent, f.count.Path)
+		path := strings.Join(f.Path, ".")
+		operator, ok := OperatorValue(parent, f.Path)
 		if !ok {
-			if r.observed.compared.unreadable(key, parent.GetUID(), f.count.Count) {
+			if r.observed.compared.unreadable(key, parent.GetUID(), f.Count) {
 				log.FromContext(ctx).Info("A field the operator keeps is not an integer; not compared until it is", "kind", r.kind,
-					"parent", key.name.String(), "field", f.path, "count", f.count.Count)
+					"parent", key.name.String(), "field", path, "count", f.Count)
 			}
 			continue
 		}
-		d := r.observed.compared.set(key, parent.GetUID(), f.count.Count, operator-tally, now)
+		d := r.observed.compared.set(key, parent.GetUID(), f.Count, operator-tally, now)
 		if d.by == 0 || d.warned {
 			continue
 		}
@@ -100,20 +78,20 @@ func (r *Reconciler) compareCounts(ctx context.Context, key parentKey, parent *u
 			again = nonZeroMin(again, wait)
 			continue
 		}
-		r.observed.compared.warn(key, f.count.Count)
+		r.observed.compared.warn(key, f.Count)
 		written := "not written"
 		for _, w := range r.counts {
-			if w.Count == f.count.Count {
+			if w.Count == f.Count {
 				written = "written to " + strings.Join(w.Path, ".")
 			}
 		}
 		since := now.Sub(d.since).Round(time.Second)
 		log.FromContext(ctx).Info("A field the operator keeps differs from tally's count", "kind", r.kind, "parent", key.name.String(),
-			"field", f.path, "operator", operator, "count", f.count.Count, "tally", tally, "for", since.String())
+			"field", path, "operator", operator, "count", f.Count, "tally", tally, "for", since.String())
 		if r.Recorder != nil {
 			r.Recorder.Eventf(parent, nil, corev1.EventTypeWarning, "CountDiffers", "Compare",
 				"%s shows %d, but tally counts %d %s pods (%s); they have differed for %s: kubectl tally explain shows both beside a fresh count",
-				f.path, operator, tally, f.count.Count, written, since)
+				path, operator, tally, f.Count, written, since)
 		}
 	}
 	return again
@@ -158,11 +136,11 @@ func newCompared() *compared {
 }
 
 // init records the counts of kind that are compared.
-func (c *compared) init(kind string, fields []compareField) {
+func (c *compared) init(kind string, fields []config.Field) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, f := range fields {
-		c.kinds[kind] = append(c.kinds[kind], f.count.Count)
+		c.kinds[kind] = append(c.kinds[kind], f.Count)
 	}
 }
 

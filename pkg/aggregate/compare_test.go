@@ -30,7 +30,7 @@ func TestCompared(t *testing.T) {
 	b := parentKey{kind: kind, name: types.NamespacedName{Namespace: "ns", Name: "b"}}
 	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
 	c := newCompared()
-	c.init(kind.String(), compareFields(config.Parent{Compare: map[config.Count]string{config.Completing: "status.legacy"}}))
+	c.init(kind.String(), config.Parent{Compare: map[config.Count]string{config.Completing: "status.legacy"}}.CompareFields())
 
 	gauges := func() string {
 		reg := prometheus.NewPedanticRegistry()
@@ -104,6 +104,6 @@ func TestCompareCounts(t *testing.T) {
 	assert.Empty(t, rec.Events, "once an episode")
 
 	pass.lag()
-	r.compareCounts(ctx, key, parent, count.Counts{Completing: 2})
+	assert.Equal(t, conflictRequeue, r.compareCounts(ctx, key, parent, count.Counts{Completing: 2}), "brought back to compare")
 	assert.Equal(t, int64(2), r.observed.compared.drifts[key][config.Completing].by, "not compared from a parent older than the API server's")
 }

@@ -41,8 +41,8 @@ type Reconciler struct {
 	// ledger is the ledger's path; nil when the kind keeps no totals.
 	ledger []string
 	// compare are the fields the kind's operator keeps that are compared
-	// with tally's counts (shadow mode).
-	compare []compareField
+	// with tally's counts (shadow mode, config.Parent.CompareFields).
+	compare []config.Field
 	// custom is how many custom counts the kind defines; broken are
 	// those it cannot keep (nil: none).
 	custom   int
@@ -133,7 +133,7 @@ func NewReconciler(parent config.Parent, deps Deps) *Reconciler {
 	if deps.DriftAfter <= 0 {
 		deps.DriftAfter = DefaultDriftAfter
 	}
-	compare := compareFields(parent)
+	compare := parent.CompareFields()
 	deps.observed.compared.init(kind, compare)
 	return &Reconciler{
 		gvk: parent.GroupVersionKind(), kind: kind, counts: counts, totals: totals, ledger: parent.LedgerPath(), custom: len(parent.CustomCounts), compare: compare,

@@ -203,6 +203,24 @@ func (p Parent) Fields() []Field {
 	return fields
 }
 
+// CompareFields returns the kind's comparisons that can be made, in the
+// fixed order of Counts, then the custom counts in their order: each
+// Field's Path is the operator's field, not one tally writes.
+func (p Parent) CompareFields() []Field {
+	var fields []Field
+	for _, c := range Counts {
+		if path, ok := p.Compare[c]; ok {
+			fields = append(fields, Field{Count: c, Path: strings.Split(path, ".")})
+		}
+	}
+	for i, c := range p.CustomCounts {
+		if path, ok := p.Compare[Count(c.Name)]; ok && c.Err == nil {
+			fields = append(fields, Field{Count: Count(c.Name), Path: strings.Split(path, "."), Custom: true, Index: i})
+		}
+	}
+	return fields
+}
+
 // Programs compiles the kind's custom counts, in their order. A count
 // that cannot be kept has a nil program, and its error at the same place
 // in errs: its Err, or its expression's compile error in a configuration

@@ -249,29 +249,20 @@ func Explain(parent *unstructured.Unstructured, p config.Parent, pods []corev1.P
 // counts evaluated.
 func compared(parent *unstructured.Unstructured, p config.Parent, fresh map[config.Count]int64, custom []*customField, fields []Field) []Compared {
 	var out []Compared
-	add := func(name config.Count, n int64) {
-		path, ok := p.Compare[name]
-		if !ok {
-			return
+	for _, f := range p.CompareFields() {
+		c := Compared{Count: f.Count, Path: strings.Join(f.Path, "."), Fresh: fresh[f.Count]}
+		if f.Custom {
+			c.Fresh = int64(len(custom[f.Index].field.Matching))
 		}
-		c := Compared{Count: name, Path: path, Fresh: n}
-		if v, ok := aggregate.OperatorValue(parent, strings.Split(path, ".")); ok {
+		if v, ok := aggregate.OperatorValue(parent, f.Path); ok {
 			c.Operator = &v
 		}
-		for _, f := range fields {
-			if f.Count == name {
-				c.TallyPath, c.Tally = f.Path, f.Tally
+		for _, shown := range fields {
+			if shown.Count == f.Count {
+				c.TallyPath, c.Tally = shown.Path, shown.Tally
 			}
 		}
 		out = append(out, c)
-	}
-	for _, name := range config.Counts {
-		add(name, fresh[name])
-	}
-	for _, c := range custom {
-		if c.program != nil {
-			add(c.field.Count, int64(len(c.field.Matching)))
-		}
 	}
 	return out
 }

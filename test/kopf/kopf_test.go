@@ -207,13 +207,17 @@ func TestOperatorRunsWithTally(t *testing.T) {
 
 	kopf := python("-m", "kopf", "run", "--standalone", "--namespace", ns, operatorFile)
 	kopf.Env = append(kopf.Env, "KUBECONFIG="+kubeconfig)
-	var log bytes.Buffer
+	var log lockedBuffer // read while Kopf writes to it
 	kopf.Stdout, kopf.Stderr = &log, &log
 	kopf.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, kopf.Start())
 	t.Cleanup(func() {
+		// Kopf stops its handlers on SIGTERM; one that does not within
+		// 20 s is killed.
 		_ = kopf.Process.Signal(syscall.SIGTERM)
+		stopped := time.AfterFunc(20*time.Second, func() { _ = kopf.Process.Kill() })
 		_ = kopf.Wait()
+		stopped.Stop()
 		if t.Failed() {
 			t.Logf("kopf's log:\n%s", log.String())
 		}
@@ -304,4 +308,23 @@ func serviceAccountKubeconfig(t *testing.T, c client.Client, restCfg *rest.Confi
 	path := filepath.Join(t.TempDir(), "kopf.kubeconfig")
 	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
 	return path
+}
+
+// lockedBuffer is a bytes.Buffer that a process writes to while the test
+// reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
