@@ -41,7 +41,8 @@ type legacyCounter struct {
 	// pending counts the handlers that have not written yet.
 	pending int
 	rng     *rand.Rand
-	// seen are the pods whose mark, and whose end, were counted.
+	// marked and ended are the pods whose mark, and whose end, were
+	// counted.
 	marked, ended map[types.UID]bool
 }
 
@@ -145,14 +146,19 @@ func (l *legacyCounter) value(pool *unstructured.Unstructured) int64 {
 	return v
 }
 
+// waiting returns how many handlers have yet to write.
+func (l *legacyCounter) waiting() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending
+}
+
 // drained waits, for at most timeout, until no handler is left to write
 // (and, once the counter is stopped, until its pod watch has stopped too).
 func (l *legacyCounter) drained(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		l.mu.Lock()
-		idle := l.pending == 0
-		l.mu.Unlock()
+		waiting := l.waiting()
 		stopped := true
 		if l.ctx.Err() != nil {
 			select {
@@ -161,11 +167,11 @@ func (l *legacyCounter) drained(timeout time.Duration) error {
 				stopped = false
 			}
 		}
-		if idle && stopped {
+		if waiting == 0 && stopped {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the old counter's handlers did not write within %s", timeout)
+			return fmt.Errorf("the old counter did not drain within %s (%d handlers yet to write; its watch stopped: %t)", timeout, waiting, stopped)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
