@@ -13,6 +13,7 @@
 package apiwait
 
 import (
+	"context"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -37,6 +38,38 @@ func NewCache(restCfg *rest.Config, opts cache.Options) (cache.Cache, error) {
 	}
 	opts.HTTPClient = client
 	return cache.New(restCfg, opts)
+}
+
+// Until returns newCache's caches, made to report synced once stop is
+// done, synced or not (their callers check their own context too). Give it
+// the context a manager runs in: the manager's start waits until each of
+// its caches reports synced, with a context of its own that its end does
+// not cancel, and (controller-runtime v0.25) goes on waiting after it
+// ended, in a loop that spins a core. A cache that never syncs, its list
+// refused (403: a Role missing, a permission revoked), kept the manager
+// from ever stopping.
+func Until(stop context.Context, newCache cache.NewCacheFunc) cache.NewCacheFunc {
+	return func(restCfg *rest.Config, opts cache.Options) (cache.Cache, error) {
+		c, err := newCache(restCfg, opts)
+		if err != nil {
+			return nil, err
+		}
+		return stoppable{Cache: c, stop: stop}, nil
+	}
+}
+
+// stoppable is a cache whose WaitForCacheSync returns true once stop is
+// done.
+type stoppable struct {
+	cache.Cache
+	stop context.Context
+}
+
+func (c stoppable) WaitForCacheSync(ctx context.Context) bool {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(c.stop, cancel)()
+	return c.Cache.WaitForCacheSync(ctx) || c.stop.Err() != nil
 }
 
 // Poll is how often a held list or watch is sent again.

@@ -231,12 +231,18 @@ func AddReadyWhenCachesSynced(mgr manager.Manager) error {
 	return mgr.AddReadyzCheck("caches", check)
 }
 
-// CachesSynced returns a readiness check that fails until mgr's caches have
-// synced, on every replica.
-func CachesSynced(mgr manager.Manager) (func(*http.Request) error, error) {
+// CachesSynced returns a readiness check that fails until mgr's caches, and
+// those the waits in also wait for, have synced, on every replica.
+func CachesSynced(mgr manager.Manager, also ...func(context.Context) bool) (func(*http.Request) error, error) {
 	var synced atomic.Bool
 	if err := mgr.Add(replicas.Every(func(ctx context.Context) error {
-		if mgr.GetCache().WaitForCacheSync(ctx) {
+		for _, wait := range also {
+			if !wait(ctx) {
+				return nil
+			}
+		}
+		// (A cache reports synced once the manager stops: apiwait.Until.)
+		if mgr.GetCache().WaitForCacheSync(ctx) && ctx.Err() == nil {
 			synced.Store(true)
 			mgr.GetLogger().Info("Caches synced")
 		}

@@ -7,10 +7,10 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/labels"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"tally.dev/tally/pkg/aggregate/count"
 	"tally.dev/tally/pkg/mutate"
 )
 
@@ -42,12 +42,15 @@ type Backfill struct {
 	reader client.Reader
 	writer client.Writer
 	// pods is the pod informer's indexer; synced waits for it.
-	pods     toolscache.Indexer
+	pods     count.Index
 	synced   func(context.Context) bool
 	interval time.Duration
 	// Namespaces selects the namespaces whose pods are stamped (the
 	// webhook registration's namespaceSelector); nil selects every one.
 	Namespaces labels.Selector
+	// within, when set, are the only namespaces whose pods are listed (a
+	// fixed list, which Namespaces selects too).
+	within []string
 	// Unstamped holds the pods the last read found, until the cache shows
 	// them stamped.
 	Unstamped *Unstamped
@@ -64,7 +67,7 @@ type Backfill struct {
 // NewBackfill returns a sweep that decides with rules, reads pods through
 // reader (uncached) and patches them through writer. pods is the pod
 // informer's indexer (with Indexers) and synced waits until it has synced.
-func NewBackfill(rules *mutate.Mutator, reader client.Reader, writer client.Writer, pods toolscache.Indexer, synced func(context.Context) bool, interval time.Duration, log logr.Logger) *Backfill {
+func NewBackfill(rules *mutate.Mutator, reader client.Reader, writer client.Writer, pods count.Index, synced func(context.Context) bool, interval time.Duration, log logr.Logger) *Backfill {
 	return &Backfill{
 		rules: rules, reader: reader, writer: writer, pods: pods, synced: synced,
 		interval: interval, Unstamped: NewUnstamped(), log: log, done: make(chan struct{}),
@@ -89,7 +92,8 @@ const fencedPoll = 500 * time.Millisecond
 // every interval until ctx is done. It runs on the leader only, as the
 // reconcilers do.
 func (b *Backfill) Start(ctx context.Context) error {
-	if !b.synced(ctx) {
+	// (A cache reports synced once the manager stops: apiwait.Until.)
+	if !b.synced(ctx) || ctx.Err() != nil {
 		return nil
 	}
 	var once sync.Once

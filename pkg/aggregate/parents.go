@@ -18,8 +18,8 @@ import (
 	"tally.dev/tally/pkg/replicas"
 )
 
-// parentCaches holds one informer cache per served parent kind, apart from
-// the manager's (pods, namespaces). controller-runtime's sources and
+// parentCaches holds the informer caches of each served parent kind, apart
+// from the manager's (pods, namespaces). controller-runtime's sources and
 // WaitForCacheSync wait for every informer of a cache: in one shared cache,
 // a kind the API server cannot list (a broken conversion webhook, a
 // revoked permission) would keep every kind's controller from starting,
@@ -29,63 +29,60 @@ import (
 // after any doubt about it, its parents are read from the API server until
 // the cache holds a version read after the doubt. A stale parent view
 // would otherwise show a status another writer has changed since, and a
-// count equal to the one cached would not be written again.
+// count equal to the one cached would not be written again. With a fixed
+// list of namespaces, each kind has one cache and one monitor per
+// namespace, and its view is fresh only while every one is.
 type parentCaches struct {
 	mgr manager.Manager
-	// newCache builds each kind's cache; cache.New when nil.
+	// newCache builds each kind's caches; cache.New when nil.
 	newCache cache.NewCacheFunc
-	byKind   sync.Map // schema.GroupKind → *parentCache
+	// namespaces are the namespaces watched: [""] for every one.
+	namespaces []string
+	byKind     sync.Map // schema.GroupKind → *parentCache
 }
 
-// parentCache is one kind's cache, and the monitor of its view.
+// parentCache is one kind's caches, and the monitors of its view.
 type parentCache struct {
-	cache.Cache
-	view      *freshness.Monitor
+	*namespaced
+	view      freshness.Views
 	liveReads prometheus.Counter
 }
 
 var _ client.Reader = (*parentCaches)(nil)
 
-// add creates and starts (with mgr, on every replica) the cache of gvk's
-// parents, and the monitor of its view.
-func (c *parentCaches) add(ctx context.Context, gvk schema.GroupVersionKind) (cache.Cache, error) {
+// add creates and starts (with mgr, on every replica) the caches of gvk's
+// parents, and the monitors of their view.
+func (c *parentCaches) add(ctx context.Context, gvk schema.GroupVersionKind) (*namespaced, error) {
 	kind := gvk.GroupKind().String()
 	mapping, err := c.mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
 	if err != nil {
 		return nil, fmt.Errorf("finding the resource of %s: %w", kind, err)
 	}
-	// The cache's requests go through a transport its monitor observes;
-	// the monitor's barrier reads through one it does not.
+	// The caches' requests go through a transport their monitors observe;
+	// the monitors' barriers read through one they do not.
 	cfg := rest.CopyConfig(c.mgr.GetConfig())
-	view, err := freshness.New(ctrl.LoggerFrom(ctx).WithName("parents"), rest.CopyConfig(cfg), freshness.Options{Resource: mapping.Resource, Kind: kind})
-	if err != nil {
-		return nil, err
+	view := make(freshness.Views, len(c.namespaces))
+	for i, ns := range c.namespaces {
+		view[i], err = freshness.New(ctrl.LoggerFrom(ctx).WithName("parents"), rest.CopyConfig(cfg), freshness.Options{Resource: mapping.Resource, Kind: kind, Namespace: ns})
+		if err != nil {
+			return nil, err
+		}
 	}
 	view.Wrap(cfg)
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating the HTTP client of %s's cache: %w", kind, err)
 	}
-	newCache := c.newCache
-	if newCache == nil {
-		newCache = cache.New
-	}
-	kc, err := newCache(cfg, cache.Options{HTTPClient: httpClient, Scheme: c.mgr.GetScheme(), Mapper: c.mgr.GetRESTMapper()})
+	caches, err := newNamespaced(ctx, c.newCache, cfg, cache.Options{HTTPClient: httpClient, Scheme: c.mgr.GetScheme(), Mapper: c.mgr.GetRESTMapper()}, c.namespaces, newParent(gvk))
 	if err != nil {
-		return nil, fmt.Errorf("creating the cache of %s: %w", kind, err)
+		return nil, fmt.Errorf("%s: %w", kind, err)
 	}
-	inf, err := kc.GetInformer(ctx, newParent(gvk), cache.BlockUntilSynced(false))
-	if err != nil {
-		return nil, fmt.Errorf("creating the informer of %s: %w", kind, err)
+	for i, ns := range c.namespaces {
+		view[i].Attach(caches.informers[ns])
 	}
-	watched, ok := inf.(freshness.Informer)
-	if !ok {
-		return nil, fmt.Errorf("the informer of %s (%T) does not tell what it synced", kind, inf)
-	}
-	view.Attach(watched)
 	// On every replica, in the manager's group that waits for nothing:
 	// the manager's start does not wait for them.
-	if err := c.mgr.Add(replicas.Every(kc.Start)); err != nil {
+	if err := c.mgr.Add(replicas.Every(caches.Start)); err != nil {
 		return nil, err
 	}
 	if err := c.mgr.Add(replicas.Every(func(ctx context.Context) error {
@@ -94,8 +91,8 @@ func (c *parentCaches) add(ctx context.Context, gvk schema.GroupVersionKind) (ca
 	})); err != nil {
 		return nil, err
 	}
-	c.byKind.Store(gvk.GroupKind(), &parentCache{Cache: kc, view: view, liveReads: parentLiveReads.WithLabelValues(kind)})
-	return kc, nil
+	c.byKind.Store(gvk.GroupKind(), &parentCache{namespaced: caches, view: view, liveReads: parentLiveReads.WithLabelValues(kind)})
+	return caches, nil
 }
 
 // of returns the cache of obj's kind.
@@ -118,29 +115,32 @@ func (c *parentCaches) of(obj any) (*parentCache, error) {
 }
 
 // Get reads a parent from its kind's cache, or from the API server while
-// the kind's view is not known fresh.
+// the kind's view is not known fresh; one in a namespace not watched is
+// not found.
 func (c *parentCaches) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 	kc, err := c.of(obj)
 	if err != nil {
 		return err
 	}
-	if !kc.view.Fresh() {
+	var live client.Reader
+	if kc.holds(key.Namespace) && !kc.view.Fresh() {
 		kc.liveReads.Inc()
-		return c.mgr.GetAPIReader().Get(ctx, key, obj, opts...)
+		live = c.mgr.GetAPIReader()
 	}
-	return kc.Get(ctx, key, obj, opts...)
+	return kc.get(ctx, key, obj, opts, live)
 }
 
 // List lists parents from their kind's cache, or from the API server while
-// the kind's view is not known fresh.
+// the kind's view is not known fresh; only in the namespaces watched.
 func (c *parentCaches) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	kc, err := c.of(list)
 	if err != nil {
 		return err
 	}
+	var live client.Reader
 	if !kc.view.Fresh() {
 		kc.liveReads.Inc()
-		return c.mgr.GetAPIReader().List(ctx, list, opts...)
+		live = c.mgr.GetAPIReader()
 	}
-	return kc.List(ctx, list, opts...)
+	return kc.list(ctx, list, opts, live)
 }

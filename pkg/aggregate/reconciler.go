@@ -9,7 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -70,7 +69,7 @@ type Deps struct {
 	// Writer sends the server-side applies.
 	Writer client.Client
 	// Pods is the shared pod informer's indexer (with Indexers).
-	Pods toolscache.Indexer
+	Pods count.Index
 	// Backfilled waits until the start-up backfill sweep has read every
 	// pod: nothing is written before.
 	Backfilled func(context.Context) error

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/discovery"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
@@ -50,8 +49,13 @@ func PodSelector() labels.Selector {
 }
 
 // CacheOptions returns the manager cache options the aggregator needs: one
-// label-selected pod informer whose objects reducer reduces to *Pod.
-func CacheOptions(reducer *count.Reducer) cache.Options {
+// label-selected pod informer whose objects reducer reduces to *Pod; none
+// with a fixed list of namespaces, whose pods are in caches of their own
+// (NewPodCaches).
+func CacheOptions(reducer *count.Reducer, namespaces []string) cache.Options {
+	if len(namespaces) > 0 {
+		return cache.Options{}
+	}
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Label: PodSelector(), Transform: reducer.Transform},
@@ -103,6 +107,10 @@ type Options struct {
 	// from tally's count before the parent gets a Warning Event;
 	// DefaultDriftAfter when 0.
 	DriftAfter time.Duration
+	// Pods are the pod caches (NewPodCaches); the manager's when nil. With
+	// a fixed list of namespaces, the parents too are watched and the
+	// sweep lists pods only in those.
+	Pods *PodCaches
 	// CustomCountReports are the process's reports of the custom counts
 	// that cannot be kept (NewCustomCountReports); nil: each reconciler
 	// reports its own.
@@ -110,7 +118,8 @@ type Options struct {
 }
 
 // Setup adds the pod index, the backfill sweep and one controller per
-// parent kind to mgr, whose cache must have been built with CacheOptions.
+// parent kind to mgr, whose cache must have been built with CacheOptions
+// (of the namespaces of opts.Pods).
 // A kind the API server does not serve, or serves without a status
 // subresource, is reported (log and tally_aggregator_parent_kind_problems)
 // and checked again, with backoff, until it can be served; the others are
@@ -122,38 +131,37 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	if opts.TrackingGrace <= 0 {
 		return fmt.Errorf("the tracking grace must be positive, not %s", opts.TrackingGrace)
 	}
-	informer, err := mgr.GetCache().GetInformer(ctx, &corev1.Pod{})
-	if err != nil {
-		return fmt.Errorf("creating the pod informer: %w", err)
+	pods := opts.Pods
+	if pods == nil {
+		var err error
+		if pods, err = NewPodCaches(ctx, mgr, nil, nil, nil); err != nil {
+			return err
+		}
 	}
-	if err := informer.AddIndexers(count.Indexers); err != nil {
-		return fmt.Errorf("indexing pods by parent: %w", err)
-	}
-	indexed, ok := informer.(interface{ GetIndexer() toolscache.Indexer })
-	if !ok {
-		return fmt.Errorf("the pod informer (%T) exposes no indexer", informer)
+	if err := pods.setup(mgr); err != nil {
+		return err
 	}
 	disco, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
 	if err != nil {
 		return fmt.Errorf("creating discovery client: %w", err)
 	}
 
-	parentCache := &parentCaches{mgr: mgr, newCache: opts.NewCache}
+	parentCache := &parentCaches{mgr: mgr, newCache: opts.NewCache, namespaces: pods.Namespaces()}
 	var checker mutate.OwnerChecker
 	if opts.VerifyOwner {
 		checker = mutate.NewReaderOwnerChecker(parents, parentCache, newParent, mgr.GetAPIReader())
 	}
 	log := ctrl.LoggerFrom(ctx)
-	backfill := NewBackfill(mutate.NewMutator(parents, checker), mgr.GetAPIReader(), mgr.GetClient(), indexed.GetIndexer(),
-		mgr.GetCache().WaitForCacheSync, opts.BackfillInterval, log.WithName("backfill"))
+	backfill := NewBackfill(mutate.NewMutator(parents, checker), mgr.GetAPIReader(), mgr.GetClient(), pods.index,
+		pods.synced(mgr), opts.BackfillInterval, log.WithName("backfill"))
 	backfill.mayWrite = opts.MayWrite
 	recorder := mgr.GetEventRecorder(FieldManager)
 	backfill.recorder = recorder
-	backfill.Namespaces = opts.Namespaces
+	backfill.Namespaces, backfill.within = opts.Namespaces, pods.Namespaces()
 	if err := mgr.Add(backfill); err != nil {
 		return err
 	}
-	if _, err := informer.AddEventHandler(backfill.Unstamped.EventHandler()); err != nil {
+	if err := pods.addEventHandler(backfill.Unstamped.EventHandler()); err != nil {
 		return fmt.Errorf("watching pods for the backfill: %w", err)
 	}
 
@@ -178,7 +186,7 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	})); err != nil {
 		return err
 	}
-	unrecorded := NewUnrecorded(parents, gate, indexed.GetIndexer(), parentCache, mgr.GetClient(),
+	unrecorded := NewUnrecorded(parents, gate, pods.index, parentCache, mgr.GetClient(),
 		recorder, opts.TrackingGrace, opts.Leads, reconciled, log.WithName("unrecorded"))
 	unrecorded.live = mgr.GetAPIReader()
 	if opts.ServerNow != nil {
@@ -189,7 +197,7 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	if err := mgr.Add(unrecorded); err != nil {
 		return err
 	}
-	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: indexed.GetIndexer(), backfill: backfill, reconciled: reconciled, recording: recording, observed: obs, scope: scope, parents: parentCache, opts: opts}
+	k := &kinds{mgr: mgr, recorder: recorder, checker: kindChecker, gate: gate, pods: pods, backfill: backfill, reconciled: reconciled, recording: recording, observed: obs, scope: scope, parents: parentCache, opts: opts}
 	backfill.Unstamped.Notify(k.notify)
 	var pending []config.Parent
 	for _, p := range parents {
@@ -226,7 +234,7 @@ type kinds struct {
 	mgr      manager.Manager
 	checker  *servable.Checker
 	gate     *servable.Gate
-	pods     toolscache.Indexer
+	pods     *PodCaches
 	backfill *Backfill
 	// reconciled records the parents reconciled as leader, for Unrecorded.
 	reconciled *reconciledParents
@@ -263,15 +271,18 @@ func (k *kinds) serve(ctx context.Context, p config.Parent) (*servable.Problem, 
 		return nil, err
 	}
 	r := NewReconciler(p, Deps{
-		Parents: k.parents, Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods,
+		Parents: k.parents, Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods.index,
 		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite, ViewEpoch: k.opts.ViewEpoch,
 		Recorder: k.recorder, Reports: k.opts.CustomCountReports, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, recording: k.recording, observed: k.observed,
 		DriftAfter: k.opts.DriftAfter,
 	})
-	b := ctrl.NewControllerManagedBy(k.mgr).
-		Named(strings.ToLower(kind)).
-		WatchesRawSource(source.Kind(kc, newParent(p.GroupVersionKind()), handler.EnqueueRequestsFromMapFunc(r.self))).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.parentOf))
+	b := ctrl.NewControllerManagedBy(k.mgr).Named(strings.ToLower(kind))
+	for _, src := range kc.sources(newParent(p.GroupVersionKind()), handler.EnqueueRequestsFromMapFunc(r.self)) {
+		b = b.WatchesRawSource(src)
+	}
+	for _, src := range k.pods.sources(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.parentOf)) {
+		b = b.WatchesRawSource(src)
+	}
 	if k.scope != nil {
 		// A namespace whose labels change may enter or leave the scope;
 		// a new one has no parent yet.

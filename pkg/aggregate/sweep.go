@@ -3,6 +3,7 @@ package aggregate
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -79,7 +80,7 @@ func (s *sweep) run(ctx context.Context, read func()) error {
 // else, which the cache shows soon).
 func (s *sweep) stampUnlabelled(ctx context.Context) error {
 	listed := map[string]bool{}
-	err := eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
+	err := s.eachUnlabelled(ctx, "", func(pod *metav1.PartialObjectMetadata) error {
 		key := pod.Namespace + "/" + pod.Name
 		listed[key] = true
 		if s.inScope(pod.Namespace) {
@@ -136,7 +137,7 @@ func (s *sweep) read(ctx context.Context) (map[string]*count.Pod, bool, error) {
 	// is not admitted).
 	marked := map[string]*mutate.PodMeta{}
 	patches := false
-	err := eachUnlabelled(ctx, s.reader, "", func(pod *metav1.PartialObjectMetadata) error {
+	err := s.eachUnlabelled(ctx, "", func(pod *metav1.PartialObjectMetadata) error {
 		if !s.inScope(pod.Namespace) {
 			return nil
 		}
@@ -166,7 +167,7 @@ func (s *sweep) read(ctx context.Context) (map[string]*count.Pod, bool, error) {
 		return found, patches, err
 	}
 	for _, phase := range []corev1.PodPhase{corev1.PodSucceeded, corev1.PodFailed} {
-		err := eachUnlabelled(ctx, s.reader, "status.phase="+string(phase), func(pod *metav1.PartialObjectMetadata) error {
+		err := s.eachUnlabelled(ctx, "status.phase="+string(phase), func(pod *metav1.PartialObjectMetadata) error {
 			if p, ok := found[pod.Namespace+"/"+pod.Name]; ok && p.UID == pod.UID {
 				p.Phase = phase
 			}
@@ -185,10 +186,9 @@ func (s *sweep) read(ctx context.Context) (map[string]*count.Pod, bool, error) {
 }
 
 // eachUnlabelled calls fn for each pod without the keys.ParentUID label
-// matching fieldSelector ("" for all), listing metadata a page at a time.
-func eachUnlabelled(ctx context.Context, reader client.Reader, fieldSelector string, fn func(*metav1.PartialObjectMetadata) error) error {
-	list := &metav1.PartialObjectMetadataList{}
-	list.SetGroupVersionKind(podListGVK)
+// matching fieldSelector ("" for all), in every namespace or in each of
+// within, listing metadata a page at a time.
+func (s *sweep) eachUnlabelled(ctx context.Context, fieldSelector string, fn func(*metav1.PartialObjectMetadata) error) error {
 	opts := []client.ListOption{client.MatchingLabelsSelector{Selector: unlabelled}, client.Limit(BackfillPageSize)}
 	if fieldSelector != "" {
 		sel, err := fields.ParseSelector(fieldSelector)
@@ -197,6 +197,23 @@ func eachUnlabelled(ctx context.Context, reader client.Reader, fieldSelector str
 		}
 		opts = append(opts, client.MatchingFieldsSelector{Selector: sel})
 	}
+	within := s.within
+	if len(within) == 0 {
+		within = []string{metav1.NamespaceAll}
+	}
+	for _, ns := range within {
+		if err := eachPage(ctx, s.reader, append(slices.Clone(opts), client.InNamespace(ns)), fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// eachPage calls fn for each pod metadata that reader lists with opts, a
+// page at a time.
+func eachPage(ctx context.Context, reader client.Reader, opts []client.ListOption, fn func(*metav1.PartialObjectMetadata) error) error {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(podListGVK)
 	for n := len(opts); ; {
 		if err := reader.List(ctx, list, opts...); err != nil {
 			return fmt.Errorf("listing pods without %s: %w", keys.ParentUID, err)

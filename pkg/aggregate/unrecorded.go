@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -74,7 +73,7 @@ const parentReadWait = 2 * time.Second
 type Unrecorded struct {
 	kinds   []config.Parent
 	gate    *servable.Gate
-	pods    toolscache.Indexer
+	pods    count.Index
 	parents client.Reader
 	// live reads a parent from the API server, when set.
 	live     client.Reader
@@ -116,7 +115,7 @@ type heldPod struct {
 // NewUnrecorded returns the releaser of the pods of kinds whose finish
 // cannot be recorded. pods is the pod informer's indexer (with Indexers);
 // parents reads parents from the cache.
-func NewUnrecorded(kinds []config.Parent, gate *servable.Gate, pods toolscache.Indexer, parents client.Reader, writer client.Writer,
+func NewUnrecorded(kinds []config.Parent, gate *servable.Gate, pods count.Index, parents client.Reader, writer client.Writer,
 	recorder events.EventRecorder, grace time.Duration, leads func() bool, reconciled *reconciledParents, log logr.Logger) *Unrecorded {
 	return &Unrecorded{kinds: kinds, gate: gate, pods: pods, parents: parents, writer: writer, recorder: recorder,
 		grace: grace, leads: leads, reconciled: reconciled, log: log, now: time.Now, serverNow: time.Now,

@@ -108,7 +108,7 @@ func (u *Unstamped) drop(key string) *count.Pod {
 // given in between is then in both, and counted from the cache. The other
 // order would lose it: not yet in the cache's pods, and forgotten (here or
 // by EventHandler) before the held ones are taken.
-func (u *Unstamped) PodsOf(pods toolscache.Indexer, parent types.UID) (cached, held []*count.Pod, err error) {
+func (u *Unstamped) PodsOf(pods count.Index, parent types.UID) (cached, held []*count.Pod, err error) {
 	held = u.of(parent, pods)
 	if cached, err = count.PodsOf(pods, parent); err != nil || len(held) == 0 {
 		return cached, nil, err
@@ -128,7 +128,7 @@ func (u *Unstamped) PodsOf(pods toolscache.Indexer, parent types.UID) (cached, h
 
 // of returns the parent's held pods that the cache does not show, and
 // forgets those it shows.
-func (u *Unstamped) of(parent types.UID, pods toolscache.Indexer) []*count.Pod {
+func (u *Unstamped) of(parent types.UID, pods count.Index) []*count.Pod {
 	if u == nil {
 		return nil
 	}

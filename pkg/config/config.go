@@ -89,6 +89,25 @@ func (c *Config) Namespaces() labels.Selector {
 	return s
 }
 
+// FixedNamespaces returns the namespaces NamespaceSelector lists by name,
+// sorted, when it selects by nothing else: a single requirement
+// kubernetes.io/metadata.name In (...). nil otherwise. The aggregator then
+// watches, lists and sweeps pods and parents in those namespaces only, and
+// needs no permission outside them.
+func (c *Config) FixedNamespaces() []string {
+	sel := c.NamespaceSelector
+	if sel == nil || len(sel.MatchLabels) != 0 || len(sel.MatchExpressions) != 1 {
+		return nil
+	}
+	req := sel.MatchExpressions[0]
+	if req.Key != corev1.LabelMetadataName || req.Operator != metav1.LabelSelectorOpIn || len(req.Values) == 0 {
+		return nil
+	}
+	names := slices.Clone(req.Values)
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
 // Parent is one tracked parent kind.
 type Parent struct {
 	// Group is the API group of the kind; empty for the core group.

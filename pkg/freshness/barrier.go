@@ -194,7 +194,7 @@ func (m *Monitor) readVersion(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	m.metrics.requests.Inc()
-	list, err := m.meta.Resource(m.opts.Resource).List(ctx, metav1.ListOptions{LabelSelector: m.opts.LabelSelector, Limit: 1})
+	list, err := m.resource().List(ctx, metav1.ListOptions{LabelSelector: m.opts.LabelSelector, Limit: 1})
 	if err != nil {
 		return "", err
 	}
@@ -223,7 +223,7 @@ func (m *Monitor) watchFrom(ctx context.Context, gen uint64, from, read string) 
 	ctx, cancel := context.WithTimeout(ctx, (barrierWatchSeconds+10)*time.Second)
 	defer cancel()
 	m.metrics.requests.Inc()
-	w, err := m.meta.Resource(m.opts.Resource).Watch(ctx, metav1.ListOptions{
+	w, err := m.resource().Watch(ctx, metav1.ListOptions{
 		LabelSelector: m.opts.LabelSelector, ResourceVersion: from,
 		AllowWatchBookmarks: true, TimeoutSeconds: ptr.To[int64](barrierWatchSeconds),
 	})

@@ -2,6 +2,7 @@ package freshness
 
 import (
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -59,19 +60,11 @@ func metersOf(kind string) meters {
 	}
 }
 
-// published is the monitor the stale gauge reads.
+// published is the view the stale gauge reads.
 var published = struct {
 	sync.Mutex
-	monitor *Monitor
+	view interface{ Stale() time.Duration }
 }{}
-
-// Publish makes m the monitor that tally_aggregator_pod_watch_stale_seconds
-// reads.
-func (m *Monitor) Publish() {
-	published.Lock()
-	defer published.Unlock()
-	published.monitor = m
-}
 
 func init() {
 	metrics.Registry.MustRegister(barriers, barrierSeconds, barrierRequests, parentBarriers, parentBarrierSeconds, parentBarrierRequests,
@@ -81,9 +74,9 @@ func init() {
 		}, func() float64 {
 			published.Lock()
 			defer published.Unlock()
-			if published.monitor == nil {
+			if published.view == nil {
 				return 0
 			}
-			return published.monitor.Stale().Seconds()
+			return published.view.Stale().Seconds()
 		}))
 }

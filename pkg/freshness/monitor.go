@@ -43,10 +43,13 @@ type Informer interface {
 }
 
 // Options say which requests are the informer's: a resource watched in
-// every namespace, with a label selector.
+// every namespace or in one, with a label selector.
 type Options struct {
 	// Resource is the informer's resource, such as v1 pods.
 	Resource schema.GroupVersionResource
+	// Namespace is the one namespace the informer watches; empty for
+	// every namespace. The barrier reads and watches there too.
+	Namespace string
 	// LabelSelector is its label selector, as sent.
 	LabelSelector string
 	// Kind, for a parent kind's view, is its kind (such as
@@ -57,19 +60,36 @@ type Options struct {
 
 // name returns what the logs call the view's watch.
 func (o Options) name() string {
-	if o.Kind == "" {
-		return "Pod"
+	name := o.Kind
+	if name == "" {
+		name = "Pod"
 	}
-	return o.Kind
+	if o.Namespace != "" {
+		name += " in " + o.Namespace
+	}
+	return name
 }
 
-// path returns the path of the resource's list and watch in every
-// namespace.
+// path returns the path of the resource's list and watch: in every
+// namespace, or in Namespace.
 func (o Options) path() string {
+	prefix := "/apis/" + o.Resource.Group + "/" + o.Resource.Version
 	if o.Resource.Group == "" {
-		return "/api/" + o.Resource.Version + "/" + o.Resource.Resource
+		prefix = "/api/" + o.Resource.Version
 	}
-	return "/apis/" + o.Resource.Group + "/" + o.Resource.Version + "/" + o.Resource.Resource
+	if o.Namespace != "" {
+		prefix += "/namespaces/" + o.Namespace
+	}
+	return prefix + "/" + o.Resource.Resource
+}
+
+// resource returns the metadata client of the informer's resource, in its
+// namespace when it has one.
+func (m *Monitor) resource() metadata.ResourceInterface {
+	if m.opts.Namespace == "" {
+		return m.meta.Resource(m.opts.Resource)
+	}
+	return m.meta.Resource(m.opts.Resource).Namespace(m.opts.Namespace)
 }
 
 // Monitor judges the freshness of one informer's view, across the managers
@@ -196,6 +216,9 @@ func (m *Monitor) doubt(reason string, loud bool) {
 // for the pod view, "Parent watch " and parent, with the kind, for a parent
 // kind's.
 func (m *Monitor) logWatch(pod, parent string, kv ...any) {
+	if m.opts.Namespace != "" {
+		kv = append([]any{"namespace", m.opts.Namespace}, kv...)
+	}
 	if m.opts.Kind == "" {
 		m.log.Info("Pod watch "+pod, kv...)
 		return

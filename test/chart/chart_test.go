@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -104,7 +105,7 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string, in
 }
 
 func TestLint(t *testing.T) {
-	for _, values := range [][]string{nil, {"two-parents.yaml"}, {"helm-certs.yaml"}, {"monitoring.yaml"}} {
+	for _, values := range [][]string{nil, {"two-parents.yaml"}, {"helm-certs.yaml"}, {"monitoring.yaml"}, {"fixed-namespaces.yaml"}} {
 		args := []string{"lint", "--strict", helm.Chart()}
 		for _, v := range values {
 			args = append(args, "-f", valuesFile(v))
@@ -126,6 +127,8 @@ func TestGolden(t *testing.T) {
 		"helm-certs":  {"helm-certs.yaml"},
 		"two-parents": {"two-parents.yaml"},
 		"monitoring":  {"monitoring.yaml"},
+		// Roles in each namespace listed instead of ClusterRole rules.
+		"fixed-namespaces": {"fixed-namespaces.yaml"},
 	}
 	for name, values := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -157,6 +160,9 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"bad-held-below-grace.yaml":          "heldPodSeconds (240) must be above aggregator.trackingGrace (5m, 300 s)",
 		"bad-alert-override.yaml":            "metrics.prometheusRule.overrides.TallyWebhookDwon: tally has no alert of that name",
 		"bad-alert-severity.yaml":            "at '/metrics/prometheusRule/overrides/TallyWebhookDown/severity': value must be one of 'critical', 'warning', 'info'",
+		"bad-namespaces-release.yaml":        "namespaces: kube-system cannot be listed",
+		"bad-namespaces-selector.yaml":       "namespaces and webhook.namespaceSelector cannot both be set",
+		"bad-namespaces-name.yaml":           "at '/namespaces/0': 'Workers' does not match pattern",
 	}
 	for file, want := range tests {
 		t.Run(file, func(t *testing.T) {
@@ -199,6 +205,84 @@ func TestAggregatorRBAC(t *testing.T) {
 	}
 	// Without verifyOwner the webhook has no role at all.
 	assert.False(t, find(t, objects(t, render(t)), "ClusterRole", "tally-webhook", &webhookRole))
+}
+
+// TestNamespacedRBAC: with a fixed list of namespaces (values
+// `namespaces`), no ClusterRole grants anything on pods or on the parent
+// kinds, every Role that does is in a listed namespace, bound there to one
+// of tally's service accounts, and each listed namespace has the Roles the
+// aggregator, the webhook (verifyOwner) and the uninstall hook need. The
+// configuration and the webhook registration select those namespaces by
+// name, which the binaries read as the fixed list.
+func TestNamespacedRBAC(t *testing.T) {
+	listed := []string{"batch", "workers"}
+	objs := objects(t, render(t, "fixed-namespaces.yaml"))
+	scoped := []string{"pods", "workerpools", "workerpools/status", "batchruns", "batchruns/status"}
+	roles := map[string][]string{} // namespace → Roles granting on pods or parents
+	for _, u := range objs {
+		switch u.GetKind() {
+		case "ClusterRole":
+			var role rbacv1.ClusterRole
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &role))
+			for _, r := range role.Rules {
+				for _, res := range scoped {
+					assert.NotContains(t, r.Resources, res, "ClusterRole %s", role.Name)
+				}
+				assert.NotContains(t, r.Resources, "*", "ClusterRole %s", role.Name)
+			}
+		case "Role":
+			var role rbacv1.Role
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &role))
+			for _, r := range role.Rules {
+				for _, res := range scoped {
+					if slices.Contains(r.Resources, res) {
+						assert.Contains(t, listed, role.Namespace, "Role %s/%s grants %s", role.Namespace, role.Name, res)
+						roles[role.Namespace] = append(roles[role.Namespace], role.Name)
+					}
+				}
+			}
+		case "RoleBinding":
+			var binding rbacv1.RoleBinding
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &binding))
+			var role rbacv1.Role
+			require.True(t, findIn(t, objs, "Role", binding.Namespace, binding.RoleRef.Name, &role), "RoleBinding %s/%s binds a Role of its namespace", binding.Namespace, binding.Name)
+			for _, s := range binding.Subjects {
+				assert.Equal(t, namespace, s.Namespace, "RoleBinding %s/%s binds tally's service accounts", binding.Namespace, binding.Name)
+			}
+		}
+	}
+	for _, ns := range listed {
+		assert.ElementsMatch(t, []string{"tally-aggregator", "tally-webhook", "tally-uninstall-pods"}, slices.Compact(slices.Sorted(slices.Values(roles[ns]))), "the Roles of namespace %s", ns)
+	}
+	var aggregator rbacv1.Role
+	require.True(t, findIn(t, objs, "Role", "workers", "tally-aggregator", &aggregator))
+	assert.Contains(t, aggregator.Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "patch"}})
+
+	var cm corev1.ConfigMap
+	require.True(t, find(t, objs, "ConfigMap", "tally-config", &cm))
+	cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
+	require.NoError(t, err)
+	assert.Equal(t, listed, cfg.FixedNamespaces(), "the binaries read the list from the configuration")
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	require.True(t, find(t, objs, "MutatingWebhookConfiguration", "tally", &mwc))
+	assert.Equal(t, cfg.NamespaceSelector, mwc.Webhooks[0].NamespaceSelector, "the webhook is called in the listed namespaces only")
+	var job batchv1.Job
+	require.True(t, find(t, objs, "Job", "tally-uninstall", &job))
+	args := job.Spec.Template.Spec.Containers[0].Args
+	assert.Contains(t, args, "--namespaces=workers,batch")
+	assert.NotContains(t, args, "--all-namespaces")
+}
+
+// findIn is find for a namespaced object.
+func findIn(t *testing.T, objs []*unstructured.Unstructured, kind, ns, name string, into any) bool {
+	t.Helper()
+	for _, u := range objs {
+		if u.GetKind() == kind && u.GetNamespace() == ns && u.GetName() == name {
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into))
+			return true
+		}
+	}
+	return false
 }
 
 // TestMatchConditions: the chart renders the webhook mutate.Webhook

@@ -79,9 +79,25 @@ namespaceSelector:
 The namespaces whose pods tally stamps: the webhook registration's
 namespaceSelector, which the aggregator's backfill sweep follows too (it
 reads it from the config). kube-system and the release namespace are always
-excluded: tally's own pods never reach its webhook.
+excluded: tally's own pods never reach its webhook. With `namespaces`, the
+selector lists them by name and nothing else, which tells the binaries to
+watch only those (config.Config.FixedNamespaces).
 */}}
 {{- define "tally.namespaceSelector" -}}
+{{- if .Values.namespaces -}}
+{{- if or .Values.webhook.namespaceSelector.matchLabels .Values.webhook.namespaceSelector.matchExpressions -}}
+{{- fail "namespaces and webhook.namespaceSelector cannot both be set: namespaces is the webhook's namespaceSelector (kubernetes.io/metadata.name In the list)" -}}
+{{- end -}}
+{{- range .Values.namespaces -}}
+{{- if or (eq . "kube-system") (eq . $.Release.Namespace) -}}
+{{- fail (printf "namespaces: %s cannot be listed: tally never tracks the pods of kube-system or of its own namespace" .) -}}
+{{- end -}}
+{{- end -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: In
+    values: {{ .Values.namespaces | toJson }}
+{{- else -}}
 matchExpressions:
   - key: kubernetes.io/metadata.name
     operator: NotIn
@@ -92,6 +108,7 @@ matchExpressions:
 {{- with .Values.webhook.namespaceSelector.matchLabels }}
 matchLabels:
   {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -182,6 +199,23 @@ spec:
   verbs: ["patch"]
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/*
+The aggregator's rules on pods, parents and Events: a ClusterRole's, or,
+with `namespaces`, a Role's in each.
+*/}}
+{{- define "tally.aggregatorRules" }}
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- include "tally.parentRules" (dict "root" . "status" true) }}
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
 {{- end -}}
 
 {{- define "tally.securityContext" -}}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
@@ -113,12 +114,26 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if opts.ContentType == "json" {
 		restCfg.ContentType = runtime.ContentTypeJSON
 	}
-	// The monitor's barrier reads through a config it does not observe.
-	view, err := freshness.New(log, rest.CopyConfig(restCfg), freshness.Options{
-		Resource: corev1.SchemeGroupVersion.WithResource("pods"), LabelSelector: aggregate.PodSelector().String(),
-	})
-	if err != nil {
-		return err
+	// One pod view per namespace of a fixed list, or one of every
+	// namespace. The monitors' barriers read through a config they do not
+	// observe.
+	namespaces := cfg.FixedNamespaces()
+	if namespaces != nil {
+		log.Info("Watching pods and parents only in the namespaces the namespaceSelector lists", "namespaces", namespaces)
+	}
+	watched := namespaces
+	if watched == nil {
+		watched = []string{metav1.NamespaceAll}
+	}
+	var view freshness.Views
+	for _, ns := range watched {
+		m, err := freshness.New(log, rest.CopyConfig(restCfg), freshness.Options{
+			Resource: corev1.SchemeGroupVersion.WithResource("pods"), LabelSelector: aggregate.PodSelector().String(), Namespace: ns,
+		})
+		if err != nil {
+			return err
+		}
+		view = append(view, m)
 	}
 	view.Wrap(restCfg)
 	view.Publish()
@@ -146,7 +161,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	backoff := restartBackoff{min: 500 * time.Millisecond, max: 2 * time.Second}
 	for {
 		start := time.Now()
-		err := runManager(ctx, cfg, reducer, reports, restCfg, opts, view, apiClock.Now, identity, &p)
+		err := runManager(ctx, cfg, reducer, reports, restCfg, opts, view, namespaces, apiClock.Now, identity, &p)
 		p.set(nil)
 		if ctx.Err() != nil {
 			log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
@@ -230,7 +245,7 @@ func (opts *Options) Validate() error {
 }
 
 // runManager runs one manager until ctx is done or it stops.
-func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer, reports *aggregate.CustomCountReports, restCfg *rest.Config, opts Options, view *freshness.Monitor, serverNow func() time.Time, identity string, p *probes) error {
+func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer, reports *aggregate.CustomCountReports, restCfg *rest.Config, opts Options, view freshness.Views, namespaces []string, serverNow func() time.Time, identity string, p *probes) error {
 	log := ctrl.LoggerFrom(ctx)
 	// The watchdog runs from before the manager starts: a first sync that
 	// never ends is a stall too.
@@ -247,8 +262,10 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer,
 		}
 	}()
 	mgrOpts := manager.Options{
-		Cache:    aggregate.CacheOptions(reducer),
-		NewCache: apiwait.NewCache,
+		// With a fixed list of namespaces, the pods are in caches of
+		// their own (aggregate.NewPodCaches), one per namespace.
+		Cache:    aggregate.CacheOptions(reducer, namespaces),
+		NewCache: apiwait.Until(ctx, apiwait.NewCache),
 		Metrics:  command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
 		// The process serves the probes (probes), across managers.
 		HealthProbeBindAddress: "0",
@@ -285,19 +302,18 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer,
 	if err := command.CheckScopes(mgr.GetRESTMapper(), cfg.Parents); err != nil {
 		return fmt.Errorf("%w: %w", errConfig, err)
 	}
+	pods, err := aggregate.NewPodCaches(ctx, mgr, mgrOpts.NewCache, reducer, namespaces)
+	if err != nil {
+		return err
+	}
+	aggOpts.Pods = pods
 	if err := aggregate.Setup(ctx, mgr, cfg.Parents, aggOpts); err != nil {
 		return err
 	}
-	inf, err := mgr.GetCache().GetInformer(ctx, &corev1.Pod{})
-	if err != nil {
-		return fmt.Errorf("getting the pod informer: %w", err)
+	for i, ns := range pods.Namespaces() {
+		view[i].Attach(pods.Informer(ns))
 	}
-	pods, ok := inf.(freshness.Informer)
-	if !ok {
-		return fmt.Errorf("the pod informer (%T) does not tell what it synced", inf)
-	}
-	view.Attach(pods)
-	synced, err := command.CachesSynced(mgr)
+	synced, err := command.CachesSynced(mgr, pods.WaitForCacheSync)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,9 @@ import (
 )
 
 // permissionsCheck asks the API server (SubjectAccessReview) whether each
-// service account may do what its component needs.
+// service account may do what its component needs: on pods and parents in
+// every namespace, or, with a fixed list of namespaces
+// (config.Config.FixedNamespaces), in each of those.
 type permissionsCheck struct{}
 
 func (permissionsCheck) name() string { return "permissions" }
@@ -27,9 +29,15 @@ func (c permissionsCheck) run(ctx context.Context, d *doctor) Check {
 		return skip(name, "no configuration")
 	}
 	agg, wh := d.release+"-aggregator", d.release+"-webhook"
+	within := cfg.FixedNamespaces()
+	if within == nil {
+		within = []string{metav1.NamespaceAll}
+	}
 	var need []permission
-	for _, verb := range []string{"get", "list", "watch", "patch"} {
-		need = append(need, permission{agg, authorizationv1.ResourceAttributes{Verb: verb, Resource: "pods"}})
+	for _, ns := range within {
+		for _, verb := range []string{"get", "list", "watch", "patch"} {
+			need = append(need, permission{agg, authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Resource: "pods"}})
+		}
 	}
 	for _, verb := range []string{"get", "update"} {
 		need = append(need, permission{agg, authorizationv1.ResourceAttributes{Namespace: d.tallyNamespace, Verb: verb, Group: "coordination.k8s.io", Resource: "leases", Name: agg}})
@@ -49,13 +57,15 @@ func (c permissionsCheck) run(ctx context.Context, d *doctor) Check {
 			}
 			resource = mapping.Resource.Resource
 		}
-		for _, verb := range []string{"get", "list", "watch"} {
-			need = append(need, permission{agg, authorizationv1.ResourceAttributes{Verb: verb, Group: p.Group, Resource: resource}})
-			if cfg.VerifyOwner {
-				need = append(need, permission{wh, authorizationv1.ResourceAttributes{Verb: verb, Group: p.Group, Resource: resource}})
+		for _, ns := range within {
+			for _, verb := range []string{"get", "list", "watch"} {
+				need = append(need, permission{agg, authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: p.Group, Resource: resource}})
+				if cfg.VerifyOwner {
+					need = append(need, permission{wh, authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: p.Group, Resource: resource}})
+				}
 			}
+			need = append(need, permission{agg, authorizationv1.ResourceAttributes{Namespace: ns, Verb: "patch", Group: p.Group, Resource: resource, Subresource: "status"}})
 		}
-		need = append(need, permission{agg, authorizationv1.ResourceAttributes{Verb: "patch", Group: p.Group, Resource: resource, Subresource: "status"}})
 	}
 	var denied []string
 	for _, n := range need {
@@ -77,11 +87,14 @@ func (c permissionsCheck) run(ctx context.Context, d *doctor) Check {
 			if attr.Group != "" {
 				what += "." + attr.Group
 			}
+			if attr.Namespace != "" && attr.Resource != "leases" {
+				what += " in namespace " + attr.Namespace
+			}
 			denied = append(denied, fmt.Sprintf("%s may not %s %s", n.sa, attr.Verb, what))
 		}
 	}
 	if len(denied) > 0 {
-		return fail(name, "helm upgrade the chart: its RBAC is generated from parents (each needs its resource)", "%s", strings.Join(denied, "; "))
+		return fail(name, "helm upgrade the chart: its RBAC is generated from parents (each needs its resource) and namespaces (a Role in each)", "%s", strings.Join(denied, "; "))
 	}
 	return ok(name, "%s and %s may do what they need (%d checks)", agg, wh, len(need))
 }

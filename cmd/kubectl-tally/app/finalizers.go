@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 
@@ -25,13 +27,14 @@ func newFinalizersCommand(o *options) *cobra.Command {
 		Short: "Manage the tracking finalizer tally puts on the pods of kinds with totals",
 	}
 	var allNamespaces, dryRun bool
+	var namespaces []string
 	var parallel int
 	var stop stopTracking
 	remove := &cobra.Command{
 		Use:   "remove",
 		Short: "Remove the finalizer " + keys.TrackingFinalizer + " from every pod that carries it (after uninstalling tally)",
-		Long: `Remove the finalizer ` + keys.TrackingFinalizer + ` from every pod of the namespace (-n), or of every namespace
-(--all-namespaces), that carries it. Run it after uninstalling tally: the aggregator removes the finalizer once it
+		Long: `Remove the finalizer ` + keys.TrackingFinalizer + ` from every pod of the namespace (-n), of each namespace listed
+(--namespaces), or of every namespace (--all-namespaces), that carries it. Run it after uninstalling tally: the aggregator removes the finalizer once it
 has recorded a finished pod, and nothing removes it once the aggregator is gone, so those pods could not be
 deleted. While tally runs, a pod released this way is not counted in its parent's totals.
 
@@ -54,14 +57,18 @@ puts the finalizer back on the running pods released so far, and a later run sta
 			if stop.settle < 0 {
 				return fmt.Errorf("--settle must not be negative, not %s", stop.settle)
 			}
+			within, err := o.within(allNamespaces, namespaces)
+			if err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			if dryRun {
-				_, err := o.removeFinalizers(ctx, allNamespaces, true, false, parallel)
+				_, err := o.removeFinalizers(ctx, within, true, false, parallel)
 				return err
 			}
 			resume, err := o.stopTracking(ctx, stop)
 			if err == nil {
-				err = o.releaseUntilQuiet(ctx, allNamespaces, stop, parallel)
+				err = o.releaseUntilQuiet(ctx, within, stop, parallel)
 			}
 			if err != nil {
 				return o.resumeTracking(ctx, resume, err)
@@ -70,6 +77,7 @@ puts the finalizer back on the running pods released so far, and a later run sta
 		},
 	}
 	remove.Flags().BoolVarP(&allNamespaces, "all-namespaces", "A", false, "remove it from the pods of every namespace")
+	remove.Flags().StringSliceVar(&namespaces, "namespaces", nil, "remove it from the pods of each of these namespaces only (the chart's pre-delete hook sets it when tally is installed with a fixed list of namespaces, and has no permission elsewhere)")
 	remove.Flags().BoolVar(&dryRun, "dry-run", false, "only list the pods that carry it")
 	remove.Flags().IntVar(&parallel, "parallel", 16, "how many pods to patch at once")
 	remove.Flags().Float32Var(&o.qps, "qps", 100, "requests a second to the API server, at most (client-go's default is 5)")
@@ -87,12 +95,12 @@ puts the finalizer back on the running pods released so far, and a later run sta
 // nothing: what was on its way when tally stopped (a CREATE the webhook
 // admitted, the pause not yet in effect, an aggregator that outlived
 // --stop-timeout) is released too, or the run goes on until its deadline.
-func (o *options) releaseUntilQuiet(ctx context.Context, allNamespaces bool, stop stopTracking, parallel int) error {
+func (o *options) releaseUntilQuiet(ctx context.Context, within []string, stop stopTracking, parallel int) error {
 	stopped := stop.webhook != "" || stop.aggregator != ""
 	quietFrom := time.Now().Add(stop.settle)
 	for pass := 1; ; pass++ {
 		began := time.Now()
-		released, err := o.removeFinalizers(ctx, allNamespaces, false, stopped, parallel)
+		released, err := o.removeFinalizers(ctx, within, false, stopped, parallel)
 		if err != nil || !stopped || (released == 0 && !began.Before(quietFrom)) {
 			return err
 		}
@@ -110,22 +118,40 @@ func (o *options) releaseUntilQuiet(ctx context.Context, allNamespaces bool, sto
 	}
 }
 
-// removeFinalizers removes the finalizer from every pod of the namespace
-// (every namespace with allNamespaces) that carries it, parallel patches at
-// a time, as it lists them. Each patch names the pod's UID: a pod created
+// within returns the namespaces whose pods are released: every one ("")
+// with allNamespaces, those listed, or the namespace of -n (or the
+// kubeconfig's).
+func (o *options) within(allNamespaces bool, listed []string) ([]string, error) {
+	switch {
+	case allNamespaces && len(listed) > 0:
+		return nil, errors.New("--all-namespaces and --namespaces cannot be given together")
+	case allNamespaces:
+		return []string{metav1.NamespaceAll}, nil
+	case len(listed) > 0:
+		for _, ns := range listed {
+			if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+				return nil, fmt.Errorf("--namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+			}
+		}
+		return listed, nil
+	}
+	ns, err := o.namespace()
+	if err != nil {
+		return nil, err
+	}
+	return []string{ns}, nil
+}
+
+// removeFinalizers removes the finalizer from every pod of the namespaces
+// within ("" for every namespace) that carries it, parallel patches at a
+// time, as it lists them. Each patch names the pod's UID: a pod created
 // since under the same name keeps its finalizer. A run stopped part-way
 // leaves the rest for the next, which lists what still carries it. It
 // returns how many pods it released.
-func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, stopped bool, parallel int) (int, error) {
+func (o *options) removeFinalizers(ctx context.Context, within []string, dryRun, stopped bool, parallel int) (int, error) {
 	cs, _, err := o.clients()
 	if err != nil {
 		return 0, err
-	}
-	ns := metav1.NamespaceAll
-	if !allNamespaces {
-		if ns, err = o.namespace(); err != nil {
-			return 0, err
-		}
 	}
 	if !dryRun && !stopped && o.installed(ctx, cs) {
 		fmt.Fprintf(o.streams.ErrOut, "warning: tally's ConfigMap %s/%s still exists: if the aggregator runs, pods released now are not counted in their parent's totals\n",
@@ -135,9 +161,17 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, s
 	if err != nil {
 		return 0, err
 	}
+	each := func(ctx context.Context, fn func(*metav1.PartialObjectMetadata) error) error {
+		for _, ns := range within {
+			if err := eachTracked(ctx, md, ns, "", fn); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if dryRun {
 		found := 0
-		err := eachTracked(ctx, md, ns, "", func(pod *metav1.PartialObjectMetadata) error {
+		err := each(ctx, func(pod *metav1.PartialObjectMetadata) error {
 			found++
 			fmt.Fprintf(o.streams.Out, "pod/%s -n %s carries %s\n", pod.Name, pod.Namespace, keys.TrackingFinalizer)
 			return nil
@@ -170,7 +204,7 @@ func (o *options) removeFinalizers(ctx context.Context, allNamespaces, dryRun, s
 			}
 		})
 	}
-	err = eachTracked(ctx, md, ns, "", func(pod *metav1.PartialObjectMetadata) error {
+	err = each(ctx, func(pod *metav1.PartialObjectMetadata) error {
 		select {
 		case pods <- pod:
 			return nil

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"tally.dev/tally/internal/apiwait"
@@ -53,13 +54,24 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if opts.ShutdownDelay < 0 {
 		return fmt.Errorf("--shutdown-delay must not be negative, not %s", opts.ShutdownDelay)
 	}
+	// With a fixed list of namespaces, the owner cache (verifyOwner)
+	// watches the parents of those only: the webhook is called for no pod
+	// elsewhere, and the chart grants it no read elsewhere.
+	var cacheOpts cache.Options
+	for _, ns := range cfg.FixedNamespaces() {
+		if cacheOpts.DefaultNamespaces == nil {
+			cacheOpts.DefaultNamespaces = map[string]cache.Config{}
+		}
+		cacheOpts.DefaultNamespaces[ns] = cache.Config{}
+	}
 	mgr, err := ctrl.NewManager(restCfg, manager.Options{
+		Cache:                  cacheOpts,
 		Metrics:                command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
 		HealthProbeBindAddress: opts.ProbeAddr,
 		Logger:                 log,
 		// The owner cache (verifyOwner) is fresh within a second of an API
 		// outage's end, whatever its length.
-		NewCache: apiwait.NewCache,
+		NewCache: apiwait.Until(ctx, apiwait.NewCache),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

@@ -41,9 +41,48 @@ var Indexers = toolscache.Indexers{
 	TrackingKindIndex: indexTrackingKind, HeldIndex: indexHeld,
 }
 
+// Index is what the aggregator reads of the pod caches: an informer's
+// indexer (with Indexers), or the indexers of several read as one
+// (Indexes).
+type Index interface {
+	ByIndex(index, key string) ([]any, error)
+	GetByKey(key string) (any, bool, error)
+}
+
+// Indexes are the indexers of the pod informers of several namespaces, read
+// as one, by namespace.
+type Indexes map[string]toolscache.Indexer
+
+// ByIndex returns the objects every indexer files under key in index.
+func (ix Indexes) ByIndex(index, key string) ([]any, error) {
+	var all []any
+	for _, indexer := range ix {
+		objs, err := indexer.ByIndex(index, key)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, objs...)
+	}
+	return all, nil
+}
+
+// GetByKey returns the object of key ("<namespace>/<name>") from its
+// namespace's indexer; none from a namespace not watched.
+func (ix Indexes) GetByKey(key string) (any, bool, error) {
+	ns, _, err := toolscache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil, false, err
+	}
+	indexer, ok := ix[ns]
+	if !ok {
+		return nil, false, nil
+	}
+	return indexer.GetByKey(key)
+}
+
 // PodsOf returns the cached pods filed under the parent's UID. The pods are
 // shared with the cache and must not be modified.
-func PodsOf(indexer toolscache.Indexer, uid types.UID) ([]*Pod, error) {
+func PodsOf(indexer Index, uid types.UID) ([]*Pod, error) {
 	pods, err := ByIndex(indexer, ParentIndex, string(uid))
 	if err != nil {
 		return nil, fmt.Errorf("listing pods of parent %s: %w", uid, err)
@@ -52,7 +91,7 @@ func PodsOf(indexer toolscache.Indexer, uid types.UID) ([]*Pod, error) {
 }
 
 // ByIndex returns the cached pods filed under key in index.
-func ByIndex(indexer toolscache.Indexer, index, key string) ([]*Pod, error) {
+func ByIndex(indexer Index, index, key string) ([]*Pod, error) {
 	objs, err := indexer.ByIndex(index, key)
 	if err != nil {
 		return nil, err

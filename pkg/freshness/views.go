@@ -1,0 +1,89 @@
+package freshness
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// Views judges a view made of several informers' views, one Monitor each:
+// the pods or parents of a fixed list of namespaces, watched one namespace
+// at a time. It is fresh only while every one is, and its epoch changes
+// whenever any one's does.
+type Views []*Monitor
+
+// Fresh reports whether every view is known fresh.
+func (v Views) Fresh() bool {
+	fresh := true
+	for _, m := range v {
+		// Each is asked: Fresh brings a monitor up to date.
+		fresh = m.Fresh() && fresh
+	}
+	return fresh
+}
+
+// Epoch returns the sum of the views' generations of doubt: each only
+// grows, so the sum changes whenever one of them does.
+func (v Views) Epoch() uint64 {
+	var sum uint64
+	for _, m := range v {
+		sum += m.Epoch()
+	}
+	return sum
+}
+
+// Stale returns how long the stalest view has not been known fresh; 0
+// while every one is.
+func (v Views) Stale() time.Duration {
+	var stale time.Duration
+	for _, m := range v {
+		stale = max(stale, m.Stale())
+	}
+	return stale
+}
+
+// Wrap makes cfg's requests observed by every monitor, each seeing its own
+// informer's.
+func (v Views) Wrap(cfg *rest.Config) {
+	for _, m := range v {
+		m.Wrap(cfg)
+	}
+}
+
+// Run runs every monitor until ctx is done.
+func (v Views) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, m := range v {
+		wg.Go(func() { m.Run(ctx) })
+	}
+	wg.Wait()
+}
+
+// Watchdog runs every monitor's Watchdog, and returns the first one's
+// ErrStalled (the others stop), or nil once ctx is done.
+func (v Views) Watchdog(ctx context.Context, cfg *rest.Config, after time.Duration) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(v))
+	for _, m := range v {
+		go func() { errs <- m.Watchdog(ctx, cfg, after) }()
+	}
+	var first error
+	for range v {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}
+
+// Publish makes v the view that tally_aggregator_pod_watch_stale_seconds
+// reads.
+func (v Views) Publish() {
+	published.Lock()
+	defer published.Unlock()
+	published.view = v
+}
