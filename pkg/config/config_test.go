@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -484,6 +485,32 @@ func TestParseCompare(t *testing.T) {
 			var invalid *InvalidError
 			require.ErrorAs(t, err, &invalid)
 			assert.Contains(t, err.Error(), tc.wantErr)
+		})
+	}
+}
+
+// TestFixedNamespaces: a namespaceSelector that lists namespaces by name,
+// and selects by nothing else, is read as that list.
+func TestFixedNamespaces(t *testing.T) {
+	byName := func(op metav1.LabelSelectorOperator, names ...string) metav1.LabelSelectorRequirement {
+		return metav1.LabelSelectorRequirement{Key: corev1.LabelMetadataName, Operator: op, Values: names}
+	}
+	tests := []struct {
+		name string
+		sel  *metav1.LabelSelector
+		want []string
+	}{
+		{"none", nil, nil},
+		{"names", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpIn, "b", "a", "b")}}, []string{"a", "b"}},
+		{"names excluded", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpNotIn, "a")}}, nil},
+		{"names and labels", &metav1.LabelSelector{MatchLabels: map[string]string{"team": "x"}, MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpIn, "a")}}, nil},
+		{"names and another requirement", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpIn, "a"), {Key: "team", Operator: metav1.LabelSelectorOpExists}}}, nil},
+		{"another key", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: metav1.LabelSelectorOpIn, Values: []string{"a"}}}}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := &Config{NamespaceSelector: tt.sel}
+			assert.Equal(t, tt.want, cfg.FixedNamespaces())
 		})
 	}
 }

@@ -90,6 +90,8 @@ type fakeAPI struct {
 	// hangLists makes that many of the barrier's LISTs hang until they are
 	// given up.
 	hangLists int
+	// paths are the paths of the barrier's requests.
+	paths []string
 }
 
 // script is a watch's answer: a status code, or events ("ADDED 12",
@@ -124,6 +126,9 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	f.mu.Lock()
+	f.paths = append(f.paths, r.URL.Path)
+	f.mu.Unlock()
 	if q.Get("watch") != "true" {
 		f.mu.Lock()
 		read, hang := f.read, f.hangLists > 0
@@ -173,10 +178,17 @@ func (f *fakeAPI) watchedFrom() []string {
 // test ends, attached to an informer that holds version 10.
 func started(t *testing.T, api *fakeAPI) (*Monitor, *fakeInformer, *rest.Config) {
 	t.Helper()
+	return startedIn(t, api, "")
+}
+
+// startedIn is started for an informer of namespace ns ("" for every
+// namespace).
+func startedIn(t *testing.T, api *fakeAPI, ns string) (*Monitor, *fakeInformer, *rest.Config) {
+	t.Helper()
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
 	cfg := &rest.Config{Host: srv.URL}
-	m, err := New(logr.Discard(), cfg, Options{Resource: pods, LabelSelector: selector})
+	m, err := New(logr.Discard(), cfg, Options{Resource: pods, LabelSelector: selector, Namespace: ns})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 )
 
 func TestIndexHeld(t *testing.T) {
@@ -32,4 +34,31 @@ func TestIndexHeld(t *testing.T) {
 			assert.Equal(t, tt.track, len(keys) == 1, "tracking-kind index")
 		})
 	}
+}
+
+// TestIndexes: the indexers of several namespaces read as one: an index
+// lookup gathers every namespace's, a key goes to its namespace's, and a
+// namespace not watched holds nothing.
+func TestIndexes(t *testing.T) {
+	ix := Indexes{}
+	for _, ns := range []string{"a", "b"} {
+		indexer := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, Indexers)
+		for _, name := range []string{"p1", "p2"} {
+			pod := &Pod{Meta: Meta{Name: name, Namespace: ns, UID: types.UID(ns + name)}, ParentUID: "parent", Controller: Controller{UID: "parent"}}
+			assert.NoError(t, indexer.Add(pod))
+		}
+		ix[ns] = indexer
+	}
+	pods, err := PodsOf(ix, "parent")
+	assert.NoError(t, err)
+	assert.Len(t, pods, 4)
+	obj, ok, err := ix.GetByKey("b/p2")
+	assert.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, types.UID("bp2"), obj.(*Pod).UID)
+	_, ok, err = ix.GetByKey("c/p1")
+	assert.NoError(t, err)
+	assert.False(t, ok, "a namespace not watched")
+	_, _, err = ix.GetByKey("a/b/c")
+	assert.Error(t, err)
 }
