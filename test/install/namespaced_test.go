@@ -2,36 +2,47 @@ package install
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/internal/helm"
+	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
+	"tally.dev/tally/pkg/mutate"
+	"tally.dev/tally/test/builder"
 	"tally.dev/tally/test/framework"
 )
 
-// TestNamespacedUninstallHook installs the chart with a fixed list of
-// namespaces (values `namespaces`) and runs its pre-delete hook's command
-// as the hook's ServiceAccount, with the RBAC the chart renders for it: it
-// releases the tracking finalizer in the namespaces listed, with no
-// permission on pods elsewhere, and leaves the pods of other namespaces
-// alone.
-func TestNamespacedUninstallHook(t *testing.T) {
+// TestNamespacedInstall installs the chart with a fixed list of namespaces
+// (values `namespaces`, with verifyOwner and a total) and runs both binaries
+// as the chart's ServiceAccounts, with only the RBAC the chart renders: no
+// ClusterRole on pods or parents. The webhook stamps (owner verified) and
+// tracks the pods of the namespaces listed, the aggregator counts them, and
+// neither is refused anything. Then the pre-delete hook's command, as the
+// hook's ServiceAccount, releases the tracking finalizer in those
+// namespaces and leaves the pods of others alone.
+func TestNamespacedInstall(t *testing.T) {
 	ctx := context.Background()
 	const nsRelease, nsNamespace = "nsmode", "nsmode-system"
 	dir := t.TempDir()
@@ -43,18 +54,6 @@ func TestNamespacedUninstallHook(t *testing.T) {
 	}
 	other, err := env.Namespace(ctx, "unlisted")
 	require.NoError(t, err)
-	// Created before the release: no webhook of it is registered yet.
-	asTally, err := env.AsTally()
-	require.NoError(t, err)
-	for _, n := range append(slices.Clone(listed), other) {
-		require.NoError(t, asTally.Create(ctx, heldPod(n, "held")))
-	}
-	t.Cleanup(func() {
-		pod := &corev1.Pod{}
-		if env.Client.Get(context.Background(), client.ObjectKey{Namespace: other, Name: "held"}, pod) == nil {
-			_ = env.Client.Patch(context.Background(), pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`)))
-		}
-	})
 
 	admin, err := env.AddUser(envtest.User{Name: "nsmode-admin", Groups: []string{"system:masters"}}, nil)
 	require.NoError(t, err)
@@ -62,8 +61,10 @@ func TestNamespacedUninstallHook(t *testing.T) {
 	require.NoError(t, err)
 	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
 	require.NoError(t, os.WriteFile(kubeconfig, adminConfig, 0o600))
-	valuesFile, err := helm.WriteValues(dir, []config.Parent{helm.WorkerPool(config.Completing, config.UnexpectedTotal)}, helm.LocalCertificates,
-		map[string]any{"namespaces": listed})
+	counts := map[config.Count]string{config.Active: "status.active", config.UnexpectedTotal: "status.unexpectedTotal"}
+	parent := helm.WorkerPool(config.Active, config.UnexpectedTotal)
+	valuesFile, err := helm.WriteValues(dir, []config.Parent{parent}, helm.LocalCertificates,
+		map[string]any{"namespaces": listed, "verifyOwner": true})
 	require.NoError(t, err)
 	_, err = helm.Run("install", nsRelease, helm.Chart(), "--namespace", nsNamespace, "--create-namespace", "-f", valuesFile, "--no-hooks", "--kubeconfig", kubeconfig)
 	require.NoError(t, err)
@@ -71,7 +72,81 @@ func TestNamespacedUninstallHook(t *testing.T) {
 		_, _ = helm.Run("uninstall", nsRelease, "--namespace", nsNamespace, "--no-hooks", "--kubeconfig", kubeconfig)
 	})
 
-	// The hook, as helm uninstall would run it.
+	// Both binaries, as the chart's ServiceAccounts, on the installed
+	// config and certificates.
+	var cm corev1.ConfigMap
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: nsNamespace, Name: nsRelease + "-tally-config"}, &cm))
+	configFile := filepath.Join(dir, "config.yaml")
+	require.NoError(t, os.WriteFile(configFile, []byte(cm.Data["config.yaml"]), 0o600))
+	var secret corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: nsNamespace, Name: nsRelease + "-tally-webhook-tls"}, &secret))
+	certDir := filepath.Join(dir, "tls")
+	require.NoError(t, os.MkdirAll(certDir, 0o700))
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		require.NoError(t, os.WriteFile(filepath.Join(certDir, f), secret.Data[f], 0o600))
+	}
+	for _, sa := range []string{"webhook", "aggregator"} {
+		require.NoError(t, framework.KubeconfigAs(adminConfig, nsNamespace, nsRelease+"-tally-"+sa, filepath.Join(dir, sa+".kubeconfig")))
+	}
+	port, err := process.FreePort()
+	require.NoError(t, err)
+	webhook, _ := framework.StartProcess(t, bin, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
+		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
+	aggregator, _ := framework.StartProcess(t, bin, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
+		"--metrics-bind-address", "0")
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: nsRelease + "-tally"}, &mwc))
+	mwc.Webhooks[0].ClientConfig.Service = nil
+	mwc.Webhooks[0].ClientConfig.URL = ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path))
+	require.NoError(t, env.Client.Update(ctx, &mwc))
+	time.Sleep(2 * time.Second) // the API server picks the registration up asynchronously
+
+	// A pool and a pod of it in each namespace, the pods created by their
+	// operator (here, the admin). Elsewhere the webhook is never called:
+	// that pod carries the finalizer as if left by an earlier install.
+	uids := map[string]types.UID{}
+	for _, n := range append(slices.Clone(listed), other) {
+		pool := operator.Pool(n, "pool", 1)
+		require.NoError(t, env.Client.Create(ctx, pool))
+		uids[n] = pool.GetUID()
+		b := builder.Pod(n, "worker").ControlledBy(operator.GVK, "pool", pool.GetUID())
+		if n == other {
+			b = b.Finalizer(keys.TrackingFinalizer)
+		}
+		require.NoError(t, env.Client.Create(ctx, b.Build()))
+	}
+	t.Cleanup(func() {
+		pod := &corev1.Pod{}
+		if env.Client.Get(context.Background(), client.ObjectKey{Namespace: other, Name: "worker"}, pod) == nil {
+			_ = env.Client.Patch(context.Background(), pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`)))
+		}
+	})
+	for _, n := range listed {
+		var pod corev1.Pod
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: n, Name: "worker"}, &pod))
+		assert.Equal(t, string(uids[n]), pod.Labels[keys.ParentUID], "the webhook stamped the pod of %s, its owner verified", n)
+		assert.Contains(t, pod.Finalizers, keys.TrackingFinalizer, "the webhook tracks the pod of %s", n)
+		require.Eventually(t, func() bool {
+			active, err := env.StatusCount(ctx, operator.GVK, n, "pool", strings.Split(counts[config.Active], ".")...)
+			return err == nil && active == 1
+		}, 30*time.Second, 100*time.Millisecond, "the aggregator counts the pool of %s", n)
+	}
+	pool := &unstructured.Unstructured{}
+	pool.SetGroupVersionKind(operator.GVK)
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: other, Name: "pool"}, pool))
+	assert.NotContains(t, pool.Object, "status", "a pool of a namespace not listed")
+	var pod corev1.Pod
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: other, Name: "worker"}, &pod))
+	assert.NotContains(t, pod.Labels, keys.ParentUID, "a pod of a namespace not listed")
+	require.NoError(t, webhook.Stop())
+	require.NoError(t, aggregator.Stop())
+	for name, p := range map[string]*process.Process{"webhook": webhook, "aggregator": aggregator} {
+		log, err := os.ReadFile(p.LogPath())
+		require.NoError(t, err)
+		assert.NotContains(t, string(log), "forbidden", "the %s was refused something", name)
+	}
+
+	// The pre-delete hook, as helm uninstall would run it.
 	manifest, err := helm.Run("template", nsRelease, helm.Chart(), "--namespace", nsNamespace, "-f", valuesFile,
 		"--set", "uninstallHook.settleSeconds=1", "--show-only", "templates/uninstall-hook.yaml")
 	require.NoError(t, err)
@@ -96,11 +171,10 @@ func TestNamespacedUninstallHook(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "the hook:\n%s", out)
 	assert.NotContains(t, string(out), "forbidden")
-
 	for _, n := range append(slices.Clone(listed), other) {
 		var pod metav1.PartialObjectMetadata
 		pod.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
-		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: n, Name: "held"}, &pod))
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: n, Name: "worker"}, &pod))
 		assert.Equal(t, n == other, slices.Contains(pod.Finalizers, keys.TrackingFinalizer), "the pod of namespace %s carries the finalizer", n)
 	}
 }
