@@ -105,44 +105,9 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	require.NoError(t, err)
 	helmRun("install", release, helm.Chart(), "--namespace", ns, "--create-namespace", "-f", valuesFile, "--no-hooks")
 
-	// The installed config and certificates, for the binaries.
-	var cm corev1.ConfigMap
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-config"}, &cm))
-	configFile := filepath.Join(dir, "config.yaml")
-	require.NoError(t, os.WriteFile(configFile, []byte(cm.Data["config.yaml"]), 0o600))
-	var secret corev1.Secret
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-webhook-tls"}, &secret))
-	certDir := filepath.Join(dir, "tls")
-	require.NoError(t, os.MkdirAll(certDir, 0o700))
-	for _, f := range []string{"tls.crt", "tls.key"} {
-		require.NoError(t, os.WriteFile(filepath.Join(certDir, f), secret.Data[f], 0o600))
-	}
-	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, release+"-webhook", filepath.Join(dir, "webhook.kubeconfig")))
-	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, release+"-aggregator", filepath.Join(dir, "aggregator.kubeconfig")))
-
-	port, err := process.FreePort()
-	require.NoError(t, err)
-	webhookMetrics, err := process.FreePort()
-	require.NoError(t, err)
-	webhookMetricsAddr := fmt.Sprintf("127.0.0.1:%d", webhookMetrics)
-	webhook, _ := framework.StartProcess(t, bin, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
-		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", webhookMetricsAddr, "--shutdown-delay", "0s")
-	metrics, err := process.FreePort()
-	require.NoError(t, err)
-	metricsAddr := fmt.Sprintf("127.0.0.1:%d", metrics)
-	aggregator, _ := framework.StartProcess(t, bin, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
-		"--leader-elect", "--leader-election-namespace", ns, "--leader-election-id", release+"-aggregator",
-		"--metrics-bind-address", metricsAddr)
-
-	// The installed registration, pointed at the local webhook: only its
-	// clientConfig changes.
-	var mwc admissionregistrationv1.MutatingWebhookConfiguration
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: release}, &mwc))
-	installed := *mwc.Webhooks[0].ClientConfig.DeepCopy()
-	mwc.Webhooks[0].ClientConfig.Service = nil
-	mwc.Webhooks[0].ClientConfig.URL = ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path))
-	require.NoError(t, env.Client.Update(ctx, &mwc))
-	time.Sleep(2 * time.Second) // the API server picks the registration up asynchronously
+	tally := runInstalled(t, ctx, dir, adminConfig, ns, release,
+		"--leader-elect", "--leader-election-namespace", ns, "--leader-election-id", release+"-aggregator")
+	configFile, metricsAddr, webhookMetricsAddr, webhook, aggregator := tally.configFile, tally.aggregatorMetrics, tally.webhookMetrics, tally.webhook, tally.aggregator
 
 	d, err := demo.Start(ctx, demo.Options{
 		Dir: filepath.Join(dir, "demo"), ConfigFile: configFile, Duration: 12 * time.Second, Seed: 42, Out: t.Output(),
@@ -157,8 +122,9 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	assertPermissions(t, ctx)
 
 	// Back to the Service, as installed, before Helm's three-way merge.
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: release}, &mwc))
-	mwc.Webhooks[0].ClientConfig = installed
+	mwc.Webhooks[0].ClientConfig = tally.installed
 	require.NoError(t, env.Client.Update(ctx, &mwc))
 
 	// helm upgrade: new parents and log level roll the Deployments, keep the
@@ -188,8 +154,9 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	assert.Contains(t, after.Spec.Template.Spec.Containers[0].Args, "--zap-log-level=debug")
 	var kept corev1.Secret
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-webhook-tls"}, &kept))
-	assert.Equal(t, secret.Data, kept.Data, "the upgrade replaced the certificates")
+	assert.Equal(t, tally.certificates, kept.Data, "the upgrade replaced the certificates")
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: release}, &mwc))
+	var cm corev1.ConfigMap
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-config"}, &cm))
 	cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
 	require.NoError(t, err)
@@ -210,6 +177,62 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		require.NoError(t, env.Client.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/instance": release}))
 		assert.Empty(t, list.Items, "%s left after helm uninstall", gvk.Kind)
 	}
+}
+
+// installed is tally as the chart installed it, its binaries running here.
+type installed struct {
+	configFile                        string
+	certificates                      map[string][]byte
+	webhook, aggregator               *process.Process
+	webhookMetrics, aggregatorMetrics string
+	// installed is the registration's clientConfig as installed, before
+	// it was pointed at the local webhook.
+	installed admissionregistrationv1.WebhookClientConfig
+}
+
+// runInstalled runs both binaries, as the chart's ServiceAccounts of the
+// release whose objects are named fullname in namespace, on its installed
+// config and certificates (the aggregator with more arguments), and points
+// its webhook registration at the local webhook: only its clientConfig
+// changes.
+func runInstalled(t *testing.T, ctx context.Context, dir string, adminConfig []byte, namespace, fullname string, aggregatorArgs ...string) installed {
+	t.Helper()
+	in := installed{configFile: filepath.Join(dir, "config.yaml")}
+	var cm corev1.ConfigMap
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: fullname + "-config"}, &cm))
+	require.NoError(t, os.WriteFile(in.configFile, []byte(cm.Data["config.yaml"]), 0o600))
+	var secret corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: fullname + "-webhook-tls"}, &secret))
+	in.certificates = secret.Data
+	certDir := filepath.Join(dir, "tls")
+	require.NoError(t, os.MkdirAll(certDir, 0o700))
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		require.NoError(t, os.WriteFile(filepath.Join(certDir, f), secret.Data[f], 0o600))
+	}
+	for _, sa := range []string{"webhook", "aggregator"} {
+		require.NoError(t, framework.KubeconfigAs(adminConfig, namespace, fullname+"-"+sa, filepath.Join(dir, sa+".kubeconfig")))
+	}
+	addr := func() string {
+		port, err := process.FreePort()
+		require.NoError(t, err)
+		return fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	serving := addr()
+	in.webhookMetrics, in.aggregatorMetrics = addr(), addr()
+	host, port, _ := strings.Cut(serving, ":")
+	in.webhook, _ = framework.StartProcess(t, bin, "webhook", "--config", in.configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
+		"--host", host, "--port", port, "--metrics-bind-address", in.webhookMetrics, "--shutdown-delay", "0s")
+	in.aggregator, _ = framework.StartProcess(t, bin, "aggregator", append([]string{"--config", in.configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
+		"--metrics-bind-address", in.aggregatorMetrics}, aggregatorArgs...)...)
+
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: fullname}, &mwc))
+	in.installed = *mwc.Webhooks[0].ClientConfig.DeepCopy()
+	mwc.Webhooks[0].ClientConfig.Service = nil
+	mwc.Webhooks[0].ClientConfig.URL = ptr.To("https://" + serving + mutate.Path)
+	require.NoError(t, env.Client.Update(ctx, &mwc))
+	time.Sleep(2 * time.Second) // the API server picks the registration up asynchronously
+	return in
 }
 
 // runConfigCheck runs the command of the chart's configuration check hook

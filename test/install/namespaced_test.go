@@ -2,7 +2,6 @@ package install
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,14 +12,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -29,7 +26,6 @@ import (
 	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
-	"tally.dev/tally/pkg/mutate"
 	"tally.dev/tally/test/builder"
 	"tally.dev/tally/test/framework"
 )
@@ -74,32 +70,8 @@ func TestNamespacedInstall(t *testing.T) {
 
 	// Both binaries, as the chart's ServiceAccounts, on the installed
 	// config and certificates.
-	var cm corev1.ConfigMap
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: nsNamespace, Name: nsRelease + "-tally-config"}, &cm))
-	configFile := filepath.Join(dir, "config.yaml")
-	require.NoError(t, os.WriteFile(configFile, []byte(cm.Data["config.yaml"]), 0o600))
-	var secret corev1.Secret
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: nsNamespace, Name: nsRelease + "-tally-webhook-tls"}, &secret))
-	certDir := filepath.Join(dir, "tls")
-	require.NoError(t, os.MkdirAll(certDir, 0o700))
-	for _, f := range []string{"tls.crt", "tls.key"} {
-		require.NoError(t, os.WriteFile(filepath.Join(certDir, f), secret.Data[f], 0o600))
-	}
-	for _, sa := range []string{"webhook", "aggregator"} {
-		require.NoError(t, framework.KubeconfigAs(adminConfig, nsNamespace, nsRelease+"-tally-"+sa, filepath.Join(dir, sa+".kubeconfig")))
-	}
-	port, err := process.FreePort()
-	require.NoError(t, err)
-	webhook, _ := framework.StartProcess(t, bin, "webhook", "--config", configFile, "--kubeconfig", filepath.Join(dir, "webhook.kubeconfig"), "--cert-dir", certDir,
-		"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--metrics-bind-address", "0", "--shutdown-delay", "0s")
-	aggregator, _ := framework.StartProcess(t, bin, "aggregator", "--config", configFile, "--kubeconfig", filepath.Join(dir, "aggregator.kubeconfig"),
-		"--metrics-bind-address", "0")
-	var mwc admissionregistrationv1.MutatingWebhookConfiguration
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Name: nsRelease + "-tally"}, &mwc))
-	mwc.Webhooks[0].ClientConfig.Service = nil
-	mwc.Webhooks[0].ClientConfig.URL = ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, mutate.Path))
-	require.NoError(t, env.Client.Update(ctx, &mwc))
-	time.Sleep(2 * time.Second) // the API server picks the registration up asynchronously
+	tally := runInstalled(t, ctx, dir, adminConfig, nsNamespace, nsRelease+"-tally")
+	webhook, aggregator := tally.webhook, tally.aggregator
 
 	// A pool and a pod of it in each namespace, the pods created by their
 	// operator (here, the admin). Elsewhere the webhook is never called:
