@@ -304,21 +304,7 @@ func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig
 	t.Helper()
 	// No other webhook here: the pods' CREATEs end within the webhook's
 	// own timeout.
-	manifest, err := helm.Run("template", release, helm.Chart(), "--namespace", ns, "-f", valuesFile,
-		"--set", "uninstallHook.settleSeconds=10", "--show-only", "templates/uninstall-hook.yaml")
-	require.NoError(t, err)
-	objs, err := helm.Objects(manifest)
-	require.NoError(t, err)
-	var job batchv1.Job
-	for _, obj := range objs {
-		if obj.GetKind() == "Job" {
-			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &job))
-			continue
-		}
-		require.NoError(t, env.Client.Create(ctx, obj))
-		t.Cleanup(func() { _ = env.Client.Delete(ctx, obj) })
-	}
-	require.NotEmpty(t, job.Spec.Template.Spec.Containers, "the hook's Job")
+	job, objs, hook := uninstallHook(t, ctx, dir, adminConfig, release, ns, valuesFile, 10)
 	args := job.Spec.Template.Spec.Containers[0].Args
 	deadline := time.Duration(*job.Spec.ActiveDeadlineSeconds) * time.Second
 
@@ -379,14 +365,6 @@ func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig
 	}
 	require.False(t, stopped())
 
-	kubeconfig := filepath.Join(dir, "uninstall.kubeconfig")
-	require.NoError(t, framework.KubeconfigAs(adminConfig, ns, job.Spec.Template.Spec.ServiceAccountName, kubeconfig))
-	hook := func(ctx context.Context) *exec.Cmd {
-		cmd := exec.CommandContext(ctx, filepath.Join(bin, "kubectl-tally"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
-		cmd.Env = append(os.Environ(), "HOME="+dir)
-		return cmd
-	}
-
 	// Stopped half-way, gracefully and then not.
 	for _, sig := range []os.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		before := carrying()
@@ -425,6 +403,36 @@ func runUninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig
 		if obj.GetKind() != "Job" {
 			require.NoError(t, env.Client.Delete(ctx, obj))
 		}
+	}
+}
+
+// uninstallHook creates the objects of the chart's pre-delete hook as
+// valuesFile (and settle seconds) renders them for release in namespace,
+// deleted when the test ends, and returns its Job, those objects, and a
+// func that builds the Job's command, run as the hook's ServiceAccount.
+func uninstallHook(t *testing.T, ctx context.Context, dir string, adminConfig []byte, release, namespace, valuesFile string, settle int) (batchv1.Job, []*unstructured.Unstructured, func(context.Context) *exec.Cmd) {
+	t.Helper()
+	manifest, err := helm.Run("template", release, helm.Chart(), "--namespace", namespace, "-f", valuesFile,
+		"--set", fmt.Sprintf("uninstallHook.settleSeconds=%d", settle), "--show-only", "templates/uninstall-hook.yaml")
+	require.NoError(t, err)
+	objs, err := helm.Objects(manifest)
+	require.NoError(t, err)
+	var job batchv1.Job
+	for _, obj := range objs {
+		if obj.GetKind() == "Job" {
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &job))
+			continue
+		}
+		require.NoError(t, env.Client.Create(ctx, obj), "%s %s/%s", obj.GetKind(), obj.GetNamespace(), obj.GetName())
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+	}
+	require.NotEmpty(t, job.Spec.Template.Spec.Containers, "the hook's Job")
+	kubeconfig := filepath.Join(dir, "uninstall.kubeconfig")
+	require.NoError(t, framework.KubeconfigAs(adminConfig, namespace, job.Spec.Template.Spec.ServiceAccountName, kubeconfig))
+	return job, objs, func(ctx context.Context) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, "kubectl-tally"), append([]string{"--kubeconfig", kubeconfig}, job.Spec.Template.Spec.Containers[0].Args...)...)
+		cmd.Env = append(os.Environ(), "HOME="+dir)
+		return cmd
 	}
 }
 

@@ -3,7 +3,6 @@ package install
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,11 +11,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -27,7 +24,6 @@ import (
 	"tally.dev/tally/pkg/config"
 	"tally.dev/tally/pkg/keys"
 	"tally.dev/tally/test/builder"
-	"tally.dev/tally/test/framework"
 )
 
 // TestNamespacedInstall installs the chart with a fixed list of namespaces
@@ -119,28 +115,9 @@ func TestNamespacedInstall(t *testing.T) {
 	}
 
 	// The pre-delete hook, as helm uninstall would run it.
-	manifest, err := helm.Run("template", nsRelease, helm.Chart(), "--namespace", nsNamespace, "-f", valuesFile,
-		"--set", "uninstallHook.settleSeconds=1", "--show-only", "templates/uninstall-hook.yaml")
-	require.NoError(t, err)
-	objs, err := helm.Objects(manifest)
-	require.NoError(t, err)
-	var job batchv1.Job
-	for _, obj := range objs {
-		if obj.GetKind() == "Job" {
-			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &job))
-			continue
-		}
-		require.NoError(t, env.Client.Create(ctx, obj), "%s %s/%s", obj.GetKind(), obj.GetNamespace(), obj.GetName())
-		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
-	}
-	require.NotEmpty(t, job.Spec.Template.Spec.Containers, "the hook's Job")
-	args := job.Spec.Template.Spec.Containers[0].Args
-	assert.Contains(t, args, "--namespaces="+strings.Join(listed, ","))
-	hookConfig := filepath.Join(dir, "uninstall.kubeconfig")
-	require.NoError(t, framework.KubeconfigAs(adminConfig, nsNamespace, job.Spec.Template.Spec.ServiceAccountName, hookConfig))
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "kubectl-tally"), append([]string{"--kubeconfig", hookConfig}, args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+dir)
-	out, err := cmd.CombinedOutput()
+	job, _, hook := uninstallHook(t, ctx, dir, adminConfig, nsRelease, nsNamespace, valuesFile, 1)
+	assert.Contains(t, job.Spec.Template.Spec.Containers[0].Args, "--namespaces="+strings.Join(listed, ","))
+	out, err := hook(ctx).CombinedOutput()
 	require.NoError(t, err, "the hook:\n%s", out)
 	assert.NotContains(t, string(out), "forbidden")
 	for _, n := range append(slices.Clone(listed), other) {
