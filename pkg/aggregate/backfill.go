@@ -41,15 +41,15 @@ type Backfill struct {
 	// metadata only.
 	reader client.Reader
 	writer client.Writer
-	// pods is the pod informer's indexer; synced waits for it.
+	// pods is the pod index (PodCaches); synced waits for it.
 	pods     count.Index
 	synced   func(context.Context) bool
 	interval time.Duration
 	// Namespaces selects the namespaces whose pods are stamped (the
 	// webhook registration's namespaceSelector); nil selects every one.
 	Namespaces labels.Selector
-	// within, when set, are the only namespaces whose pods are listed (a
-	// fixed list, which Namespaces selects too).
+	// within are the namespaces whose pods are listed: [""] (every
+	// namespace) or a fixed list, which Namespaces selects too.
 	within []string
 	// Unstamped holds the pods the last read found, until the cache shows
 	// them stamped.
@@ -65,8 +65,9 @@ type Backfill struct {
 }
 
 // NewBackfill returns a sweep that decides with rules, reads pods through
-// reader (uncached) and patches them through writer. pods is the pod
-// informer's indexer (with Indexers) and synced waits until it has synced.
+// reader (uncached) and patches them through writer. pods is the pod index
+// (an informer's indexer with count.Indexers, or count.Indexes) and synced
+// waits until it has synced.
 func NewBackfill(rules *mutate.Mutator, reader client.Reader, writer client.Writer, pods count.Index, synced func(context.Context) bool, interval time.Duration, log logr.Logger) *Backfill {
 	return &Backfill{
 		rules: rules, reader: reader, writer: writer, pods: pods, synced: synced,
@@ -156,7 +157,10 @@ func (b *Backfill) sweep(ctx context.Context, read func()) (int, error) {
 	}
 	backfillSweeps.WithLabelValues(result).Inc()
 	backfillDuration.Observe(time.Since(start).Seconds())
-	b.log.Info("Backfill sweep", "result", result, "seen", s.seen, "stamped", s.stamped, "unstamped", s.unstamped,
-		"took", time.Since(start).Round(time.Millisecond).String())
+	kv := []any{"result", result, "seen", s.seen, "stamped", s.stamped, "unstamped", s.unstamped, "took", time.Since(start).Round(time.Millisecond).String()}
+	if len(s.refused) > 0 {
+		kv = append(kv, "refusedNamespaces", s.refused)
+	}
+	b.log.Info("Backfill sweep", kv...)
 	return s.stamped, err
 }

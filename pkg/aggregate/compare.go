@@ -47,7 +47,7 @@ func (r *Reconciler) compareCounts(ctx context.Context, key parentKey, parent *u
 	if len(r.compare) == 0 {
 		return 0
 	}
-	if !r.mayWrite() || !r.sameView(ctx) || passOf(ctx).isLagged() {
+	if !r.mayWrite(ctx) || !r.sameView(ctx) || passOf(ctx).isLagged() {
 		// Nothing compared from a view that stopped being fresh since the
 		// count, nor from a parent older than the API server's (an apply
 		// met a newer one): the parent comes back, fresh or read again.

@@ -90,7 +90,7 @@ func TestCompareCounts(t *testing.T) {
 	key := parentKey{kind: r.gvk.GroupKind(), name: types.NamespacedName{Namespace: "ns", Name: "pool"}}
 	parent := &unstructured.Unstructured{Object: map[string]any{"status": map[string]any{"completing": int64(2)}}}
 	parent.SetUID("uid")
-	ctx, pass := withPass(context.Background(), 0)
+	ctx, pass := withPass(context.Background(), 0, "")
 
 	again := r.compareCounts(ctx, key, parent, count.Counts{Completing: 1})
 	assert.InDelta(t, time.Hour.Seconds(), again.Seconds(), 1, "brought back when the Event is due")

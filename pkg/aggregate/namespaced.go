@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -28,8 +28,8 @@ import (
 
 // namespaced are the caches of one kind: one that watches every namespace
 // (namespaces is [""]), or one per namespace of a fixed list, so that
-// nothing outside them is read. They read as one: a Get goes to the cache
-// of its namespace, a List to each.
+// nothing of that kind outside them is read. They read as one (get, list):
+// a Get goes to the cache of its namespace, a List to each.
 type namespaced struct {
 	namespaces []string
 	caches     map[string]cache.Cache
@@ -109,18 +109,6 @@ func (n *namespaced) holds(ns string) bool {
 	return ok
 }
 
-// Get reads obj from the cache of key's namespace; an object in a
-// namespace outside the list is not found.
-func (n *namespaced) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	return n.get(ctx, key, obj, opts, nil)
-}
-
-// List lists from the cache of the namespace asked for (nothing from one
-// outside the list), or from each.
-func (n *namespaced) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	return n.list(ctx, list, opts, nil)
-}
-
 // get reads obj through reader (the cache of key's namespace when nil); an
 // object in a namespace outside the list is not found.
 func (n *namespaced) get(ctx context.Context, key client.ObjectKey, obj client.Object, opts []client.GetOption, reader client.Reader) error {
@@ -171,20 +159,19 @@ func (n *namespaced) list(ctx context.Context, list client.ObjectList, opts []cl
 	return meta.SetList(list, items)
 }
 
-// Start runs every cache until ctx is done.
+// Start runs every cache until ctx is done, or one of them fails (the
+// others are then stopped).
 func (n *namespaced) Start(ctx context.Context) error {
-	var wg sync.WaitGroup
-	errs := make(chan error, len(n.namespaces))
+	g, ctx := errgroup.WithContext(ctx)
 	for _, ns := range n.namespaces {
-		wg.Go(func() {
+		g.Go(func() error {
 			if err := n.caches[ns].Start(ctx); err != nil {
-				errs <- fmt.Errorf("the cache of %s: %w", where(ns), err)
+				return fmt.Errorf("the cache of %s: %w", where(ns), err)
 			}
+			return nil
 		})
 	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	return g.Wait()
 }
 
 // WaitForCacheSync waits until every cache has synced, and reports whether
@@ -199,13 +186,27 @@ func (n *namespaced) WaitForCacheSync(ctx context.Context) bool {
 }
 
 // sources returns one source of obj's events per cache, each handled by h.
+// With a fixed list of namespaces, a controller does not wait for them to
+// sync before it starts: a namespace whose list is refused (its Role
+// missing) would hold back those of every other, and stop the manager once
+// the controller's CacheSyncTimeout ran out. Nothing is counted from a
+// namespace's pods, nor read from its parents' cache, until its view is
+// fresh, which it cannot be before its cache has synced.
 func (n *namespaced) sources(obj client.Object, h handler.EventHandler) []source.Source {
 	var srcs []source.Source
 	for _, ns := range n.namespaces {
-		srcs = append(srcs, source.Kind(n.caches[ns], obj, h))
+		var src source.Source = source.Kind(n.caches[ns], obj, h)
+		if ns != metav1.NamespaceAll {
+			src = startOnly{src}
+		}
+		srcs = append(srcs, src)
 	}
 	return srcs
 }
+
+// startOnly is a source that tells nothing of its sync (it is no
+// source.SyncingSource): its controller starts without waiting for it.
+type startOnly struct{ source.Source }
 
 // PodCaches are the pod caches the aggregator reads: the manager's, which
 // watches every namespace, or, for a fixed list of namespaces, one per
@@ -287,9 +288,31 @@ func (p *PodCaches) addEventHandler(h toolscache.ResourceEventHandler) error {
 	return nil
 }
 
-// synced waits until the manager's caches and the pod caches have synced.
+// podSyncWait bounds how long the backfill waits for the pod caches of a
+// fixed list of namespaces.
+const podSyncWait = 2 * time.Minute
+
+// synced waits until the manager's caches have synced (the pod cache of
+// every namespace among them), or, with a fixed list of namespaces, until
+// they and the pod cache of each namespace whose pods this replica may
+// list have, for at most podSyncWait: a namespace whose list is refused
+// (its Role missing) never syncs. The sweep's corrections of cached pods
+// in a namespace not synced by then wait for the next sweep.
 func (p *PodCaches) synced(mgr manager.Manager) func(context.Context) bool {
 	return func(ctx context.Context) bool {
-		return mgr.GetCache().WaitForCacheSync(ctx) && p.WaitForCacheSync(ctx)
+		if !mgr.GetCache().WaitForCacheSync(ctx) || !p.own {
+			return ctx.Err() == nil
+		}
+		bounded, cancel := context.WithTimeout(ctx, podSyncWait)
+		defer cancel()
+		for _, ns := range p.namespaces {
+			list := &metav1.PartialObjectMetadataList{}
+			list.SetGroupVersionKind(podListGVK)
+			if err := mgr.GetAPIReader().List(bounded, list, client.InNamespace(ns), client.Limit(1)); apierrors.IsForbidden(err) {
+				continue
+			}
+			p.caches[ns].WaitForCacheSync(bounded)
+		}
+		return ctx.Err() == nil
 	}
 }

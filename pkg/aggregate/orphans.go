@@ -26,7 +26,7 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, name types.NamespacedNa
 	if err != nil || len(candidates) == 0 {
 		return reconcile.Result{}, err
 	}
-	if !r.mayWrite() {
+	if !r.mayWrite(ctx) {
 		// Nothing asked of the API server while this replica cannot
 		// write: the parent comes back then.
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
@@ -67,7 +67,7 @@ func (r *Reconciler) releaseBatch(ctx context.Context, pods []*count.Pod, why re
 	if pods = passOf(ctx).unreleased(pods); len(pods) == 0 {
 		return reconcile.Result{}, nil
 	}
-	if !r.mayWrite() {
+	if !r.mayWrite(ctx) {
 		// Fenced, or not yet the leader: the release is not dropped (the
 		// pods may get no other event), it waits for this replica to write.
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil

@@ -31,7 +31,8 @@ import (
 // would otherwise show a status another writer has changed since, and a
 // count equal to the one cached would not be written again. With a fixed
 // list of namespaces, each kind has one cache and one monitor per
-// namespace, and its view is fresh only while every one is.
+// namespace, and a parent is read from the cache while its namespace's
+// view is fresh.
 type parentCaches struct {
 	mgr manager.Manager
 	// newCache builds each kind's caches; cache.New when nil.
@@ -123,7 +124,7 @@ func (c *parentCaches) Get(ctx context.Context, key client.ObjectKey, obj client
 		return err
 	}
 	var live client.Reader
-	if kc.holds(key.Namespace) && !kc.view.Fresh() {
+	if kc.holds(key.Namespace) && !kc.view.FreshIn(key.Namespace) {
 		kc.liveReads.Inc()
 		live = c.mgr.GetAPIReader()
 	}
@@ -137,8 +138,10 @@ func (c *parentCaches) List(ctx context.Context, list client.ObjectList, opts ..
 	if err != nil {
 		return err
 	}
+	var o client.ListOptions
+	o.ApplyOptions(opts)
 	var live client.Reader
-	if !kc.view.Fresh() {
+	if !kc.view.FreshIn(o.Namespace) {
 		kc.liveReads.Inc()
 		live = c.mgr.GetAPIReader()
 	}

@@ -17,6 +17,8 @@ import (
 // there is none, and a nil pass tells nothing.
 type pass struct {
 	epoch uint64
+	// ns is the parent's namespace, whose pod view epoch is of.
+	ns string
 
 	mu       sync.Mutex
 	cached   string
@@ -26,8 +28,8 @@ type pass struct {
 
 type passKey struct{}
 
-func withPass(ctx context.Context, epoch uint64) (context.Context, *pass) {
-	p := &pass{epoch: epoch, released: map[types.UID]bool{}}
+func withPass(ctx context.Context, epoch uint64, ns string) (context.Context, *pass) {
+	p := &pass{epoch: epoch, ns: ns, released: map[types.UID]bool{}}
 	return context.WithValue(ctx, passKey{}, p), p
 }
 

@@ -68,7 +68,8 @@ type Deps struct {
 	Parents, Live client.Reader
 	// Writer sends the server-side applies.
 	Writer client.Client
-	// Pods is the shared pod informer's indexer (with Indexers).
+	// Pods is the pod index: the shared pod informer's indexer (with
+	// count.Indexers), or those of each namespace of a fixed list.
 	Pods count.Index
 	// Backfilled waits until the start-up backfill sweep has read every
 	// pod: nothing is written before.
@@ -76,13 +77,16 @@ type Deps struct {
 	// Unstamped holds the pods the sweep read that the cache does not show
 	// yet; nil when none.
 	Unstamped *Unstamped
-	// MayWrite, when set, tells whether this replica may still write (it
-	// holds the leader lease, and its pod view is not known to be stale);
-	// a parent is neither counted nor written while it says no.
-	MayWrite func() bool
-	// ViewEpoch, when set, changes whenever the pod view stops being
-	// fresh: a count is written only in the epoch it was taken in.
-	ViewEpoch func() uint64
+	// MayWrite, when set, tells whether this replica may still write in a
+	// namespace ("" for every namespace): it holds the leader lease, and
+	// its pod view of that namespace is not known to be stale. A parent is
+	// neither counted nor written while it says no for the parent's
+	// namespace, where all its pods are.
+	MayWrite func(ns string) bool
+	// ViewEpoch, when set, changes whenever the pod view of a namespace
+	// stops being fresh: a count is written only in the epoch it was taken
+	// in.
+	ViewEpoch func(ns string) uint64
 	Recorder  events.EventRecorder
 	// Reports, shared by the managers of one process, are the custom
 	// counts that cannot be kept; nil: the reconciler reports its own.
@@ -164,20 +168,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	key := parentKey{kind: r.gvk.GroupKind(), name: req.NamespacedName}
 	r.observed.changes.picked(key)
 	r.reconciledTotal.Inc()
-	if r.Deps.reconciled != nil && r.mayWrite() {
+	if r.Deps.reconciled != nil && r.mayWriteIn(req.Namespace) {
 		r.Deps.reconciled.add(key)
 	}
 
 	// The view the counts are taken from: fresh now, and still the same
 	// (not broken since, however briefly) when they are written (apply).
-	epoch := r.viewEpoch()
-	if !r.mayWrite() {
+	epoch := r.viewEpoch(req.Namespace)
+	if !r.mayWriteIn(req.Namespace) {
 		// Nothing is counted from a view known to be stale: the parent
 		// comes back once this replica may write.
 		r.fenced.Inc()
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
-	ctx, pass := withPass(ctx, epoch)
+	ctx, pass := withPass(ctx, epoch, req.Namespace)
 	result, err := r.reconcileFrom(ctx, req, key, false)
 	if pass.takeLagged() && r.Live != nil {
 		// The parent's cache lags behind the API server (after an outage
@@ -300,18 +304,30 @@ func (r *Reconciler) untracked(pods []*count.Pod) []*count.Pod {
 	return out
 }
 
-func (r *Reconciler) mayWrite() bool { return r.MayWrite == nil || r.MayWrite() }
+// mayWriteIn reports whether this replica may write in namespace ns (""
+// for every namespace).
+func (r *Reconciler) mayWriteIn(ns string) bool { return r.MayWrite == nil || r.MayWrite(ns) }
 
-func (r *Reconciler) viewEpoch() uint64 {
+// mayWrite reports whether this replica may write in the namespace of
+// ctx's pass; in every namespace when there is none.
+func (r *Reconciler) mayWrite(ctx context.Context) bool {
+	ns := ""
+	if p := passOf(ctx); p != nil {
+		ns = p.ns
+	}
+	return r.mayWriteIn(ns)
+}
+
+func (r *Reconciler) viewEpoch(ns string) uint64 {
 	if r.ViewEpoch == nil {
 		return 0
 	}
-	return r.ViewEpoch()
+	return r.ViewEpoch(ns)
 }
 
 // sameView reports whether the pod view is still in the epoch ctx's pass
 // took its counts in.
 func (r *Reconciler) sameView(ctx context.Context) bool {
 	p := passOf(ctx)
-	return p == nil || r.viewEpoch() == p.epoch
+	return p == nil || r.viewEpoch(p.ns) == p.epoch
 }

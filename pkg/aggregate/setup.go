@@ -73,18 +73,19 @@ type Options struct {
 	// VerifyOwner makes the backfill confirm a pod's owner before stamping
 	// it, as the webhook does with verifyOwner.
 	VerifyOwner bool
-	// MayWrite, when set, tells whether this replica may still write: with
-	// leader election, whether it surely still holds the lease, and whether
-	// its pod view is fresh.
-	MayWrite func() bool
+	// MayWrite, when set, tells whether this replica may still write in a
+	// namespace ("" for every namespace): with leader election, whether it
+	// surely still holds the lease, and whether its pod view of that
+	// namespace is fresh.
+	MayWrite func(ns string) bool
 	// Leads, when set, tells whether this replica surely holds the lease,
 	// whatever its pod view: the tracking grace runs while it does (and
 	// always when nil), so that a view that stays stale holds no pod past
 	// its grace.
 	Leads func() bool
-	// ViewEpoch, when set, changes whenever the pod view stops being fresh
-	// (Deps.ViewEpoch).
-	ViewEpoch func() uint64
+	// ViewEpoch, when set, changes whenever the pod view of a namespace
+	// stops being fresh (Deps.ViewEpoch).
+	ViewEpoch func(ns string) uint64
 	// TrackingGrace is how long a finished pod of a kind with totals may
 	// wait to be recorded before it is released uncounted (lost).
 	TrackingGrace time.Duration
@@ -154,7 +155,18 @@ func Setup(ctx context.Context, mgr manager.Manager, parents []config.Parent, op
 	log := ctrl.LoggerFrom(ctx)
 	backfill := NewBackfill(mutate.NewMutator(parents, checker), mgr.GetAPIReader(), mgr.GetClient(), pods.index,
 		pods.synced(mgr), opts.BackfillInterval, log.WithName("backfill"))
-	backfill.mayWrite = opts.MayWrite
+	if opts.MayWrite != nil {
+		// A sweep goes through every namespace watched; it starts once
+		// this replica may write in one of them.
+		backfill.mayWrite = func() bool {
+			for _, ns := range pods.Namespaces() {
+				if opts.MayWrite(ns) {
+					return true
+				}
+			}
+			return false
+		}
+	}
 	recorder := mgr.GetEventRecorder(FieldManager)
 	backfill.recorder = recorder
 	backfill.Namespaces, backfill.within = opts.Namespaces, pods.Namespaces()

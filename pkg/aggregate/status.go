@@ -154,7 +154,7 @@ var ErrSentLate = errors.New("status apply not sent: its counts are older than a
 func (r *Reconciler) apply(ctx context.Context, parent *unstructured.Unstructured, values map[string]any, manager string) (reconcile.Result, error) {
 	// Set before the checks: a pause right after them counts too.
 	sendCtx := WithSendBy(ctx, time.Now().Add(SendWithin))
-	if !r.mayWrite() || !r.sameView(ctx) {
+	if !r.mayWrite(ctx) || !r.sameView(ctx) {
 		// A deposed leader that has not noticed yet (the new leader
 		// writes), or a pod view that broke since the values were
 		// counted: they are counted again.

@@ -28,6 +28,9 @@ type sweep struct {
 	released map[types.UID]*releasedPods
 	// inScope reports whether the pods of a namespace are stamped.
 	inScope func(ns string) bool
+	// refused are the namespaces of a fixed list whose pods the sweep was
+	// refused to list.
+	refused []string
 }
 
 func (s *sweep) run(ctx context.Context, read func()) error {
@@ -202,11 +205,28 @@ func (s *sweep) eachUnlabelled(ctx context.Context, fieldSelector string, fn fun
 		within = []string{metav1.NamespaceAll}
 	}
 	for _, ns := range within {
-		if err := eachPage(ctx, s.reader, append(slices.Clone(opts), client.InNamespace(ns)), fn); err != nil {
+		err := eachPage(ctx, s.reader, append(slices.Clone(opts), client.InNamespace(ns)), fn)
+		if apierrors.IsForbidden(err) && ns != metav1.NamespaceAll {
+			// One namespace of a fixed list refused (its Role missing):
+			// the others are swept.
+			s.refuse(ns, err)
+			continue
+		}
+		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// refuse records that the pods of namespace ns could not be listed, and
+// logs it once per sweep.
+func (s *sweep) refuse(ns string, err error) {
+	if slices.Contains(s.refused, ns) {
+		return
+	}
+	s.refused = append(s.refused, ns)
+	s.log.Error(err, "Backfill sweep may not list the pods of a namespace tally works in (is its Role missing?); the other namespaces are swept", "namespace", ns)
 }
 
 // eachPage calls fn for each pod metadata that reader lists with opts, a

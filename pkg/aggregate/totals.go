@@ -177,7 +177,7 @@ func (r *Reconciler) decide(ctx context.Context, parent client.Object, pods []*c
 // that just opted in to totals) holds a worker for one batch at a time, and
 // its counts and those of the other parents stay current meanwhile.
 func (r *Reconciler) writeFinalizers(ctx context.Context, parent client.Object, step *ledger.Step) (reconcile.Result, error) {
-	if !r.mayWrite() {
+	if !r.mayWrite(ctx) {
 		return reconcile.Result{RequeueAfter: conflictRequeue}, nil
 	}
 	track, release := ledger.Batch(step.Track, step.Release)

@@ -113,7 +113,7 @@ type heldPod struct {
 }
 
 // NewUnrecorded returns the releaser of the pods of kinds whose finish
-// cannot be recorded. pods is the pod informer's indexer (with Indexers);
+// cannot be recorded. pods is the pod index (with count.Indexers);
 // parents reads parents from the cache.
 func NewUnrecorded(kinds []config.Parent, gate *servable.Gate, pods count.Index, parents client.Reader, writer client.Writer,
 	recorder events.EventRecorder, grace time.Duration, leads func() bool, reconciled *reconciledParents, log logr.Logger) *Unrecorded {

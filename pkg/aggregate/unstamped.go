@@ -99,7 +99,7 @@ func (u *Unstamped) drop(key string) *count.Pod {
 	return p
 }
 
-// PodsOf returns the pods the cache (pods, the pod informer's indexer)
+// PodsOf returns the pods the cache (pods, the pod index)
 // files under parent, and the pods held for parent that those do not
 // include: each pod once, whether its stamp reached the cache or not.
 //

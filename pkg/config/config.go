@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"tally.dev/tally/pkg/podexpr"
@@ -91,19 +92,30 @@ func (c *Config) Namespaces() labels.Selector {
 
 // FixedNamespaces returns the namespaces NamespaceSelector lists by name,
 // sorted, when it selects by nothing else: a single requirement
-// kubernetes.io/metadata.name In (...). nil otherwise. The aggregator then
-// watches, lists and sweeps pods and parents in those namespaces only, and
-// needs no permission outside them.
+// kubernetes.io/metadata.name In (...). A value that is no namespace's name
+// (such as "") selects nothing and is left out; nil when no name is left,
+// or the selector is not such a list. The aggregator then watches, lists
+// and sweeps pods and parents in those namespaces only, and needs no
+// permission on pods or parents outside them (it still lists and watches
+// namespaces).
 func (c *Config) FixedNamespaces() []string {
 	sel := c.NamespaceSelector
 	if sel == nil || len(sel.MatchLabels) != 0 || len(sel.MatchExpressions) != 1 {
 		return nil
 	}
 	req := sel.MatchExpressions[0]
-	if req.Key != corev1.LabelMetadataName || req.Operator != metav1.LabelSelectorOpIn || len(req.Values) == 0 {
+	if req.Key != corev1.LabelMetadataName || req.Operator != metav1.LabelSelectorOpIn {
 		return nil
 	}
-	names := slices.Clone(req.Values)
+	var names []string
+	for _, name := range req.Values {
+		if len(validation.IsDNS1123Label(name)) == 0 {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
 	slices.Sort(names)
 	return slices.Compact(names)
 }

@@ -502,6 +502,8 @@ func TestFixedNamespaces(t *testing.T) {
 	}{
 		{"none", nil, nil},
 		{"names", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpIn, "b", "a", "b")}}, []string{"a", "b"}},
+		{"an empty name left out", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpIn, "", "a")}}, []string{"a"}},
+		{"no namespace's name", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpIn, "", "A")}}, nil},
 		{"names excluded", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpNotIn, "a")}}, nil},
 		{"names and labels", &metav1.LabelSelector{MatchLabels: map[string]string{"team": "x"}, MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpIn, "a")}}, nil},
 		{"names and another requirement", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{byName(metav1.LabelSelectorOpIn, "a"), {Key: "team", Operator: metav1.LabelSelectorOpExists}}}, nil},

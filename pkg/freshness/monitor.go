@@ -121,8 +121,9 @@ type Monitor struct {
 	loud      bool
 	loudSince time.Duration
 	// throttled is set while the last answer to the informer's list or
-	// watch was 429 Too Many Requests; failing while it was not 200.
-	throttled, failing bool
+	// watch was 429 Too Many Requests, refused while it was 401 or 403;
+	// failing while it was not 200.
+	throttled, refused, failing bool
 	// bar is what the barrier of generation bar.gen established.
 	bar barrierState
 	// delivered is the last version the cache was seen to hold, and
@@ -311,14 +312,15 @@ func (m *Monitor) Stale() time.Duration {
 	return m.now() - m.staleSince
 }
 
-// isThrottled reports whether the view is not fresh while the API server
-// throttles the informer's list or watch (its last answer was 429): every
-// replica meets that alike.
-func (m *Monitor) isThrottled() bool {
+// throttledOrRefused reports whether the view is not fresh while the API server
+// throttles the informer's list or watch (its last answer was 429), or
+// refuses it (401, 403: a permission missing): every replica meets that
+// alike, and a new informer would only be throttled or refused again.
+func (m *Monitor) throttledOrRefused() bool {
 	fresh := m.Fresh()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return !fresh && m.throttled
+	return !fresh && (m.throttled || m.refused)
 }
 
 // stalled returns how long the view has not been fresh with nothing

@@ -26,13 +26,15 @@ func (m *Monitor) Wrap(cfg *rest.Config) {
 			if (!watching && query.Get("continue") == "") || (watching && query.Get("sendInitialEvents") == "true") {
 				m.relisting()
 			}
-			// Throttled while the last answer says so, not while a request
-			// sent again waits for its answer.
-			m.setThrottled(false)
+			// Throttled or refused while the last answer says so, not
+			// while a request sent again waits for its answer.
+			m.setAnswer(0)
 			resp, err := rt.RoundTrip(req)
 			failed := err != nil || resp.StatusCode != http.StatusOK
 			if req.Context().Err() == nil {
-				m.setThrottled(err == nil && resp.StatusCode == http.StatusTooManyRequests)
+				if err == nil {
+					m.setAnswer(resp.StatusCode)
+				}
 				if m.answered(!failed) {
 					// A barrier that failed meanwhile need not wait out
 					// its back-off.
@@ -71,9 +73,12 @@ func (m *Monitor) answered(ok bool) bool {
 	return again
 }
 
-func (m *Monitor) setThrottled(on bool) {
+// setAnswer records the status of the last answer to the informer's list
+// or watch (0 while none).
+func (m *Monitor) setAnswer(status int) {
 	m.mu.Lock()
-	m.throttled = on
+	m.throttled = status == http.StatusTooManyRequests
+	m.refused = status == http.StatusUnauthorized || status == http.StatusForbidden
 	m.mu.Unlock()
 }
 

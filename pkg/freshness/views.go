@@ -10,9 +10,40 @@ import (
 
 // Views judges a view made of several informers' views, one Monitor each:
 // the pods or parents of a fixed list of namespaces, watched one namespace
-// at a time. It is fresh only while every one is, and its epoch changes
-// whenever any one's does.
+// at a time; or one Monitor of every namespace. As a whole it is fresh only
+// while every one is, and its epoch changes whenever any one's does; what
+// is read of one namespace needs only that namespace's view (FreshIn,
+// EpochIn).
 type Views []*Monitor
+
+// in returns the views that cover namespace ns: all of them for "" (every
+// namespace) or when one watches every namespace; the one of ns otherwise,
+// and false when none does.
+func (v Views) in(ns string) (Views, bool) {
+	if ns == "" {
+		return v, true
+	}
+	for _, m := range v {
+		if m.opts.Namespace == "" || m.opts.Namespace == ns {
+			return Views{m}, true
+		}
+	}
+	return nil, false
+}
+
+// FreshIn reports whether the view of namespace ns ("" for every
+// namespace) is known fresh; false for a namespace no view watches.
+func (v Views) FreshIn(ns string) bool {
+	w, ok := v.in(ns)
+	return ok && w.Fresh()
+}
+
+// EpochIn returns the generation of doubt of the view of namespace ns (""
+// for every namespace); 0 for a namespace no view watches.
+func (v Views) EpochIn(ns string) uint64 {
+	w, _ := v.in(ns)
+	return w.Epoch()
+}
 
 // Fresh reports whether every view is known fresh.
 func (v Views) Fresh() bool {

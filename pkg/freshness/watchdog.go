@@ -29,8 +29,9 @@ var ErrStalled = errors.New("the pod view stayed stale with nothing delivered wh
 // did not answer pauses the count rather than starting it anew, so that a
 // loaded API server that misses a check now and then cannot keep a view
 // stale for good. A view that is stale because the API server throttles the
-// informer (429) starts the count anew: every replica is throttled alike,
-// and a new informer would only list again.
+// informer (429), or refuses it (401, 403: a permission missing), starts
+// the count anew: every replica meets that alike, and a new informer would
+// only list again.
 func (m *Monitor) Watchdog(ctx context.Context, cfg *rest.Config, after time.Duration) error {
 	cfg = rest.CopyConfig(cfg)
 	cfg.Timeout = 2 * time.Second
@@ -54,7 +55,7 @@ func (m *Monitor) Watchdog(ctx context.Context, cfg *rest.Config, after time.Dur
 		step := now - last
 		last = now
 		stalled := m.stalled()
-		if stalled == 0 || m.isThrottled() {
+		if stalled == 0 || m.throttledOrRefused() {
 			answered = 0
 			continue
 		}
@@ -64,8 +65,8 @@ func (m *Monitor) Watchdog(ctx context.Context, cfg *rest.Config, after time.Dur
 		// The first step may have begun before the stall.
 		answered = min(answered+step, stalled)
 		if answered >= after {
-			return fmt.Errorf("%w (stale for %s, nothing delivered for %s, %s of it with the API server answering)", ErrStalled,
-				m.Stale().Round(time.Second), stalled.Round(time.Second), answered.Round(time.Second))
+			return fmt.Errorf("%w (the view of %s: stale for %s, nothing delivered for %s, %s of it with the API server answering)", ErrStalled,
+				m.opts.name(), m.Stale().Round(time.Second), stalled.Round(time.Second), answered.Round(time.Second))
 		}
 	}
 }

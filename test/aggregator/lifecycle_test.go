@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -398,7 +399,15 @@ func TestNoWriteFromAViewThatWasStale(t *testing.T) {
 					}
 				}},
 				Backfilled: func(context.Context) error { return nil }, Recorder: events.NewFakeRecorder(10),
-				MayWrite: fresh.Load, ViewEpoch: epoch.Load,
+				// The view of the pool's namespace, which the reconciler
+				// must ask about.
+				MayWrite: func(n string) bool { return n == ns && fresh.Load() },
+				ViewEpoch: func(n string) uint64 {
+					if n != ns {
+						return math.MaxUint64
+					}
+					return epoch.Load()
+				},
 			})
 			req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pool)}
 			result, err := r.Reconcile(ctx, req)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,6 +24,7 @@ import (
 	"tally.dev/tally/examples/workerpool/operator"
 	"tally.dev/tally/internal/helm"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/freshness"
 	"tally.dev/tally/pkg/keys"
 )
 
@@ -91,6 +93,44 @@ func TestNamespacedMode(t *testing.T) {
 	assert.Empty(t, refused, "requests the chart's permissions refused")
 	assert.Empty(t, outside, "requests for pods or parents outside %v", in)
 	assert.Positive(t, requests.matching("/namespaces/"+in[0]+"/pods"), "the pods of %s were read", in[0])
+}
+
+// TestARefusedNamespaceStopsNoOther: with a fixed list of namespaces,
+// one whose Role the aggregator lacks (deleted, or never created) holds
+// back only its own parents. Those of the other namespaces are counted and
+// written, each from its own namespace's view, and the aggregator does not
+// start new managers over the refusal (a new informer would be refused
+// again, as every replica is).
+func TestARefusedNamespaceStopsNoOther(t *testing.T) {
+	ctx := context.Background()
+	in := []string{newNamespace(t), newNamespace(t)}
+	slices.Sort(in)
+	cfg, user := installNamespaced(t, in)
+	refused := in[1]
+	require.NoError(t, env.Client.DeleteAllOf(ctx, &rbacv1.RoleBinding{}, client.InNamespace(refused)))
+	restarts := counter(t, "tally_aggregator_manager_restarts_total", "stale_view")
+	restCfg, requests := recording(user)
+	startAggregatorWith(t, cfg, restCfg)
+	require.Eventually(t, func() bool { return requests.matching("/namespaces/"+refused+"/pods") > 0 && requests.refused() > 0 },
+		30*time.Second, 100*time.Millisecond, "the pods of %s are refused", refused)
+
+	uids := map[string]types.UID{}
+	for _, ns := range in {
+		uids[ns] = createParent(t, operator.GVK, ns, "pool")
+		createAll(t, []*corev1.Pod{
+			member(operator.GVK, ns, "pool", uids[ns], "a").Build(),
+			member(operator.GVK, ns, "pool", uids[ns], "b").Build(),
+		})
+	}
+	converges(t, in[0], "pool", uids[in[0]])
+	// Past the watchdog's bound with the view of the refused namespace
+	// stale: still counting, no new manager.
+	time.Sleep(freshness.StallAfter + 5*time.Second)
+	require.NoError(t, env.Client.Delete(ctx, member(operator.GVK, in[0], "pool", uids[in[0]], "a").Build()))
+	converges(t, in[0], "pool", uids[in[0]])
+	assert.Equal(t, restarts, counter(t, "tally_aggregator_manager_restarts_total", "stale_view"), "managers started again over the refusal")
+	assert.Equal(t, map[config.Count]int64{config.Completing: -1, config.Completed: -1, config.Active: -1, config.Unexpected: -1},
+		shown(t, operator.GVK, refused, "pool", allCounts), "the pool of the refused namespace")
 }
 
 // installNamespaced creates the aggregator's RBAC as the chart renders it

@@ -278,7 +278,7 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer,
 		// Never from a pod view not known to be fresh: a parent event
 		// while the pod watch is broken would be counted from pods that
 		// moved since.
-		MayWrite: view.Fresh, ViewEpoch: view.Epoch,
+		MayWrite: view.FreshIn, ViewEpoch: view.EpochIn,
 	}
 	if opts.LeaderElect {
 		lock, err := newFencedLock(restCfg, opts.LeaderElectionNamespace, opts.LeaderElectionID, identity)
@@ -292,7 +292,7 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer,
 		mgrOpts.LeaderElectionID, mgrOpts.LeaderElectionNamespace = opts.LeaderElectionID, opts.LeaderElectionNamespace
 		mgrOpts.LeaseDuration, mgrOpts.RenewDeadline, mgrOpts.RetryPeriod = ptr.To(LeaseDuration), ptr.To(RenewDeadline), ptr.To(RetryPeriod)
 		mgrOpts.LeaderElectionReleaseOnCancel = true
-		aggOpts.MayWrite = func() bool { return lock.Holds() && view.Fresh() }
+		aggOpts.MayWrite = func(ns string) bool { return lock.Holds() && view.FreshIn(ns) }
 		aggOpts.Leads = lock.Holds
 	}
 	mgr, err := ctrl.NewManager(restCfg, mgrOpts)

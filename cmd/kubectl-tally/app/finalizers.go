@@ -77,7 +77,7 @@ puts the finalizer back on the running pods released so far, and a later run sta
 		},
 	}
 	remove.Flags().BoolVarP(&allNamespaces, "all-namespaces", "A", false, "remove it from the pods of every namespace")
-	remove.Flags().StringSliceVar(&namespaces, "namespaces", nil, "remove it from the pods of each of these namespaces only (the chart's pre-delete hook sets it when tally is installed with a fixed list of namespaces, and has no permission elsewhere)")
+	remove.Flags().StringSliceVar(&namespaces, "namespaces", nil, "remove it from the pods of each of these namespaces only, instead of -n's (the chart's pre-delete hook sets it when tally is installed with a fixed list of namespaces, and has no permission elsewhere)")
 	remove.Flags().BoolVar(&dryRun, "dry-run", false, "only list the pods that carry it")
 	remove.Flags().IntVar(&parallel, "parallel", 16, "how many pods to patch at once")
 	remove.Flags().Float32Var(&o.qps, "qps", 100, "requests a second to the API server, at most (client-go's default is 5)")

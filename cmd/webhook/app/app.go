@@ -54,6 +54,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	if opts.ShutdownDelay < 0 {
 		return fmt.Errorf("--shutdown-delay must not be negative, not %s", opts.ShutdownDelay)
 	}
+	// The manager runs on past ctx's end, for the shutdown delay.
+	mgrCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
 	// With a fixed list of namespaces, the owner cache (verifyOwner)
 	// watches the parents of those only: the webhook is called for no pod
 	// elsewhere, and the chart grants it no read elsewhere.
@@ -71,7 +74,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		Logger:                 log,
 		// The owner cache (verifyOwner) is fresh within a second of an API
 		// outage's end, whatever its length.
-		NewCache: apiwait.Until(ctx, apiwait.NewCache),
+		NewCache: apiwait.Until(mgrCtx, apiwait.NewCache),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
@@ -142,8 +145,6 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 	}
 	log.Info("Starting webhook", "path", mutate.Path, "port", opts.Port, "certDir", opts.CertDir, "verifyOwner", cfg.VerifyOwner,
 		"parents", len(cfg.Parents), "shutdownDelay", opts.ShutdownDelay.String())
-	mgrCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	defer stop()
 	go func() {
 		select {
 		case <-ctx.Done():
