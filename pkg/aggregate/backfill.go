@@ -3,9 +3,11 @@ package aggregate
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -62,6 +64,12 @@ type Backfill struct {
 	log      logr.Logger
 	// done is closed once the first sweep has read every pod.
 	done chan struct{}
+	// refusedLast is set when the last sweep may not list the pods of a
+	// namespace.
+	refusedLast atomic.Bool
+	mu          sync.Mutex
+	// swept holds the namespaces a sweep has read ("" for every one).
+	swept map[string]bool
 }
 
 // NewBackfill returns a sweep that decides with rules, reads pods through
@@ -71,7 +79,7 @@ type Backfill struct {
 func NewBackfill(rules *mutate.Mutator, reader client.Reader, writer client.Writer, pods count.Index, synced func(context.Context) bool, interval time.Duration, log logr.Logger) *Backfill {
 	return &Backfill{
 		rules: rules, reader: reader, writer: writer, pods: pods, synced: synced,
-		interval: interval, Unstamped: NewUnstamped(), log: log, done: make(chan struct{}),
+		interval: interval, Unstamped: NewUnstamped(), log: log, done: make(chan struct{}), swept: map[string]bool{},
 	}
 }
 
@@ -110,17 +118,42 @@ func (b *Backfill) Start(ctx context.Context) error {
 		}
 	}
 
-	ticker := time.NewTicker(b.interval)
-	defer ticker.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-			if _, err := b.Sweep(ctx); err != nil && ctx.Err() == nil {
-				b.log.Error(err, "Backfill sweep failed; the next one retries", "in", b.interval.String())
-			}
+		// A namespace the last sweep may not list is tried again sooner:
+		// its parents are not written until a sweep has read it (Swept).
+		wait := b.interval
+		if b.refusedLast.Load() {
+			wait = min(wait, refusedRetry)
 		}
+		if !sleep(ctx, wait) {
+			return nil
+		}
+		if _, err := b.Sweep(ctx); err != nil && ctx.Err() == nil {
+			b.log.Error(err, "Backfill sweep failed; the next one retries", "in", b.interval.String())
+		}
+	}
+}
+
+// refusedRetry is how soon a sweep follows one that may not list the pods
+// of a namespace.
+const refusedRetry = 30 * time.Second
+
+// Swept reports whether a sweep has read the pods of namespace ns (every
+// namespace's, when it lists them all at once): the first count written
+// for a parent includes its pods the webhook never saw. A namespace whose
+// pods a sweep may not list (its Role missing) is not swept until one can.
+func (b *Backfill) Swept(ns string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.swept[metav1.NamespaceAll] || b.swept[ns]
+}
+
+// markSwept records that a sweep read the pods of namespaces.
+func (b *Backfill) markSwept(namespaces []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, ns := range namespaces {
+		b.swept[ns] = true
 	}
 }
 
@@ -150,11 +183,16 @@ func (b *Backfill) sweep(ctx context.Context, read func()) (int, error) {
 	err := s.run(ctx, read)
 	s.reportReleased()
 	result := "complete"
-	if err != nil {
+	switch {
+	case err != nil:
 		result = "failed"
-	} else {
+	case len(s.refused) > 0:
+		result = "partial"
+		unstampedPods.Set(float64(s.unstamped))
+	default:
 		unstampedPods.Set(float64(s.unstamped))
 	}
+	b.refusedLast.Store(len(s.refused) > 0)
 	backfillSweeps.WithLabelValues(result).Inc()
 	backfillDuration.Observe(time.Since(start).Seconds())
 	kv := []any{"result", result, "seen", s.seen, "stamped", s.stamped, "unstamped", s.unstamped, "took", time.Since(start).Round(time.Millisecond).String()}

@@ -62,7 +62,7 @@ var (
 	})
 	backfillSweeps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_backfill_sweeps_total",
-		Help: "Backfill sweeps, by result (complete, failed).",
+		Help: "Backfill sweeps, by result: complete, partial (a namespace of a fixed list could not be listed, its Role missing; the others were swept), failed.",
 	}, []string{"result"})
 	trackingFinalizers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_aggregator_tracking_finalizers_total",

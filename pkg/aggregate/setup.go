@@ -282,9 +282,15 @@ func (k *kinds) serve(ctx context.Context, p config.Parent) (*servable.Problem, 
 	if err != nil {
 		return nil, err
 	}
+	// A parent is written once a sweep has read its namespace: the first
+	// sweep reads every namespace it may list (Backfilled waits for it),
+	// a later one a namespace refused until then.
+	mayWrite := func(ns string) bool {
+		return k.backfill.Swept(ns) && (k.opts.MayWrite == nil || k.opts.MayWrite(ns))
+	}
 	r := NewReconciler(p, Deps{
 		Parents: k.parents, Live: k.mgr.GetAPIReader(), Writer: k.mgr.GetClient(), Pods: k.pods.index,
-		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: k.opts.MayWrite, ViewEpoch: k.opts.ViewEpoch,
+		Backfilled: k.backfill.Wait, Unstamped: k.backfill.Unstamped, MayWrite: mayWrite, ViewEpoch: k.opts.ViewEpoch,
 		Recorder: k.recorder, Reports: k.opts.CustomCountReports, Totals: k.gate, Scope: k.scope, reconciled: k.reconciled, recording: k.recording, observed: k.observed,
 		DriftAfter: k.opts.DriftAfter,
 	})

@@ -3,6 +3,7 @@ package aggregate
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -42,7 +43,24 @@ func (s *sweep) run(ctx context.Context, read func()) error {
 	if err != nil {
 		return err
 	}
+	if len(s.refused) > 0 {
+		// Of a namespace refused part-way (a phase not read), nothing
+		// read is taken; what Unstamped held there is kept.
+		for key, p := range found {
+			if slices.Contains(s.refused, p.Namespace) {
+				delete(found, key)
+			}
+		}
+		maps.Copy(found, s.Unstamped.in(s.refused))
+	}
 	s.Unstamped.replace(found)
+	var swept []string
+	for _, ns := range s.namespaces() {
+		if !slices.Contains(s.refused, ns) {
+			swept = append(swept, ns)
+		}
+	}
+	s.markSwept(swept)
 	if read != nil {
 		read()
 	}
@@ -200,11 +218,10 @@ func (s *sweep) eachUnlabelled(ctx context.Context, fieldSelector string, fn fun
 		}
 		opts = append(opts, client.MatchingFieldsSelector{Selector: sel})
 	}
-	within := s.within
-	if len(within) == 0 {
-		within = []string{metav1.NamespaceAll}
-	}
-	for _, ns := range within {
+	for _, ns := range s.namespaces() {
+		if slices.Contains(s.refused, ns) {
+			continue
+		}
 		err := eachPage(ctx, s.reader, append(slices.Clone(opts), client.InNamespace(ns)), fn)
 		if apierrors.IsForbidden(err) && ns != metav1.NamespaceAll {
 			// One namespace of a fixed list refused (its Role missing):
@@ -217,6 +234,15 @@ func (s *sweep) eachUnlabelled(ctx context.Context, fieldSelector string, fn fun
 		}
 	}
 	return nil
+}
+
+// namespaces returns the namespaces whose pods the sweep lists: [""] for
+// every namespace.
+func (s *sweep) namespaces() []string {
+	if len(s.within) == 0 {
+		return []string{metav1.NamespaceAll}
+	}
+	return s.within
 }
 
 // refuse records that the pods of namespace ns could not be listed, and

@@ -1,6 +1,7 @@
 package aggregate
 
 import (
+	"slices"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -66,6 +67,19 @@ func (u *Unstamped) replace(pods map[string]*count.Pod) {
 			}
 		}
 	}
+}
+
+// in returns the pods held in namespaces.
+func (u *Unstamped) in(namespaces []string) map[string]*count.Pod {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	held := map[string]*count.Pod{}
+	for key, p := range u.byKey {
+		if slices.Contains(namespaces, p.Namespace) {
+			held[key] = p
+		}
+	}
+	return held
 }
 
 // Forget drops the pod under key: the cache shows it now (the pod

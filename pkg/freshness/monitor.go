@@ -312,15 +312,24 @@ func (m *Monitor) Stale() time.Duration {
 	return m.now() - m.staleSince
 }
 
-// throttledOrRefused reports whether the view is not fresh while the API server
-// throttles the informer's list or watch (its last answer was 429), or
-// refuses it (401, 403: a permission missing): every replica meets that
-// alike, and a new informer would only be throttled or refused again.
-func (m *Monitor) throttledOrRefused() bool {
+// isThrottled reports whether the view is not fresh while the API server
+// throttles the informer's list or watch (its last answer was 429): every
+// replica meets that alike.
+func (m *Monitor) isThrottled() bool {
 	fresh := m.Fresh()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return !fresh && (m.throttled || m.refused)
+	return !fresh && m.throttled
+}
+
+// isRefused reports whether the view is not fresh while the API server
+// refuses the informer's list or watch (its last answer was 401 or 403: a
+// permission missing).
+func (m *Monitor) isRefused() bool {
+	fresh := m.Fresh()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !fresh && m.refused
 }
 
 // stalled returns how long the view has not been fresh with nothing

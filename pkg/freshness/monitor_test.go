@@ -390,8 +390,7 @@ func TestTheInformersRequestsAreDoubts(t *testing.T) {
 // TestWatchdog: a view stale with nothing delivered for the given time of
 // the API server answering gives up the informer, a first sync included;
 // a relist that makes progress, however long, does not, nor does a view
-// throttled (429) or refused (403), nor one whose API server does not
-// answer.
+// throttled (429), nor one whose API server does not answer.
 func TestWatchdog(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -423,8 +422,10 @@ func TestWatchdog(t *testing.T) {
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, "slow down", http.StatusTooManyRequests)
 		}},
-		// A permission missing: a new informer would be refused again.
-		{name: "refused", list: func(w http.ResponseWriter, _ *http.Request) {
+		// A view of every namespace refused: a new manager, or another
+		// replica, may be served (Views.Watchdog excuses it only beside a
+		// fresh view).
+		{name: "refused", stops: true, list: func(w http.ResponseWriter, _ *http.Request) {
 			http.Error(w, "forbidden", http.StatusForbidden)
 		}},
 		{name: "the API server away", away: true, list: func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }},

@@ -93,13 +93,22 @@ func (v Views) Run(ctx context.Context) {
 }
 
 // Watchdog runs every monitor's Watchdog, and returns the first one's
-// ErrStalled (the others stop), or nil once ctx is done.
+// ErrStalled (the others stop), or nil once ctx is done. Of several, a view
+// the API server refuses (401, 403: the Role of its namespace missing) is
+// not a stall while another view is fresh: a new manager would be refused
+// again, and would stop the namespaces that are served. One refused while
+// no other is fresh is (a lagging API server may refuse one replica and
+// not another).
 func (v Views) Watchdog(ctx context.Context, cfg *rest.Config, after time.Duration) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, len(v))
 	for _, m := range v {
-		go func() { errs <- m.Watchdog(ctx, cfg, after) }()
+		var excused func() bool
+		if len(v) > 1 {
+			excused = func() bool { return m.isRefused() && v.freshBut(m) }
+		}
+		go func() { errs <- m.watchdog(ctx, cfg, after, excused) }()
 	}
 	var first error
 	for range v {
@@ -109,6 +118,16 @@ func (v Views) Watchdog(ctx context.Context, cfg *rest.Config, after time.Durati
 		}
 	}
 	return first
+}
+
+// freshBut reports whether a view other than m is fresh.
+func (v Views) freshBut(m *Monitor) bool {
+	for _, o := range v {
+		if o != m && o.Fresh() {
+			return true
+		}
+	}
+	return false
 }
 
 // Publish makes v the view that tally_aggregator_pod_watch_stale_seconds

@@ -1,7 +1,9 @@
 package freshness
 
 import (
+	"context"
 	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -54,4 +56,55 @@ func TestViews(t *testing.T) {
 	infB.set("35", "35")
 	assert.Eventually(t, v.Fresh, 3*time.Second, 10*time.Millisecond)
 	assert.Zero(t, v.Stale())
+}
+
+// TestViewsWatchdog: of several views, one the API server refuses (403,
+// the Role of its namespace missing) is not a stall while another is
+// fresh; it is once none is.
+func TestViewsWatchdog(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		otherFresh bool
+	}{{"another view fresh", true}, {"no other view fresh", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			apiA := &fakeAPI{read: "30", scripts: []script{{events: []string{"BOOKMARK 30"}, hold: true}}}
+			if !tc.otherFresh {
+				apiA.scripts = []script{{events: []string{"BOOKMARK 20"}}}
+			}
+			apiB := &fakeAPI{read: "30", scripts: []script{{events: []string{"BOOKMARK 20"}}},
+				informer: func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "forbidden", http.StatusForbidden) }}
+			a, infA, cfgA := startedIn(t, apiA, "a")
+			b, infB, cfgB := startedIn(t, apiB, "b")
+			if !tc.otherFresh {
+				infA.set("", "")
+			}
+			infB.set("", "") // its first sync, refused
+			v := Views{a, b}
+			if tc.otherFresh {
+				require.Eventually(t, a.Fresh, 3*time.Second, 10*time.Millisecond)
+			}
+			cfgB = rest.CopyConfig(cfgB)
+			b.Wrap(cfgB)
+			client, err := rest.HTTPClientFor(cfgB)
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+			defer cancel()
+			go func() {
+				for ctx.Err() == nil {
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, cfgB.Host+"/api/v1/namespaces/b/pods?labelSelector="+selector+"&limit=500", nil)
+					if resp, err := client.Do(req); err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}()
+			err = v.Watchdog(ctx, cfgA, time.Second)
+			if tc.otherFresh {
+				assert.NoError(t, err)
+			} else {
+				assert.ErrorIs(t, err, ErrStalled)
+			}
+		})
+	}
 }

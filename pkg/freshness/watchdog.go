@@ -29,10 +29,15 @@ var ErrStalled = errors.New("the pod view stayed stale with nothing delivered wh
 // did not answer pauses the count rather than starting it anew, so that a
 // loaded API server that misses a check now and then cannot keep a view
 // stale for good. A view that is stale because the API server throttles the
-// informer (429), or refuses it (401, 403: a permission missing), starts
-// the count anew: every replica meets that alike, and a new informer would
-// only list again.
+// informer (429) starts the count anew: every replica is throttled alike,
+// and a new informer would only list again.
 func (m *Monitor) Watchdog(ctx context.Context, cfg *rest.Config, after time.Duration) error {
+	return m.watchdog(ctx, cfg, after, nil)
+}
+
+// watchdog is Watchdog, with the count also started anew while excused
+// (when set) says so.
+func (m *Monitor) watchdog(ctx context.Context, cfg *rest.Config, after time.Duration, excused func() bool) error {
 	cfg = rest.CopyConfig(cfg)
 	cfg.Timeout = 2 * time.Second
 	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
@@ -55,7 +60,7 @@ func (m *Monitor) Watchdog(ctx context.Context, cfg *rest.Config, after time.Dur
 		step := now - last
 		last = now
 		stalled := m.stalled()
-		if stalled == 0 || m.throttledOrRefused() {
+		if stalled == 0 || m.isThrottled() || (excused != nil && excused()) {
 			answered = 0
 			continue
 		}

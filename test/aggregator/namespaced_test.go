@@ -100,23 +100,31 @@ func TestNamespacedMode(t *testing.T) {
 // back only its own parents. Those of the other namespaces are counted and
 // written, each from its own namespace's view, and the aggregator does not
 // start new managers over the refusal (a new informer would be refused
-// again, as every replica is).
+// again) while it serves the others. Once the Role is back, the refused
+// namespace's parents are written, their first count including the pods the
+// webhook never saw there, which only a sweep finds.
 func TestARefusedNamespaceStopsNoOther(t *testing.T) {
 	ctx := context.Background()
 	in := []string{newNamespace(t), newNamespace(t)}
 	slices.Sort(in)
 	cfg, user := installNamespaced(t, in)
 	refused := in[1]
+	var bindings rbacv1.RoleBindingList
+	require.NoError(t, env.Client.List(ctx, &bindings, client.InNamespace(refused)))
 	require.NoError(t, env.Client.DeleteAllOf(ctx, &rbacv1.RoleBinding{}, client.InNamespace(refused)))
+	refusedUID := createParent(t, operator.GVK, refused, "pool")
+	createAll(t, []*corev1.Pod{newUnstamped(refused, "pool", refusedUID)})
 	restarts := counter(t, "tally_aggregator_manager_restarts_total", "stale_view")
 	restCfg, requests := recording(user)
 	startAggregatorWith(t, cfg, restCfg)
 	require.Eventually(t, func() bool { return requests.matching("/namespaces/"+refused+"/pods") > 0 && requests.refused() > 0 },
 		30*time.Second, 100*time.Millisecond, "the pods of %s are refused", refused)
 
-	uids := map[string]types.UID{}
+	uids := map[string]types.UID{refused: refusedUID}
 	for _, ns := range in {
-		uids[ns] = createParent(t, operator.GVK, ns, "pool")
+		if ns != refused {
+			uids[ns] = createParent(t, operator.GVK, ns, "pool")
+		}
 		createAll(t, []*corev1.Pod{
 			member(operator.GVK, ns, "pool", uids[ns], "a").Build(),
 			member(operator.GVK, ns, "pool", uids[ns], "b").Build(),
@@ -131,6 +139,29 @@ func TestARefusedNamespaceStopsNoOther(t *testing.T) {
 	assert.Equal(t, restarts, counter(t, "tally_aggregator_manager_restarts_total", "stale_view"), "managers started again over the refusal")
 	assert.Equal(t, map[config.Count]int64{config.Completing: -1, config.Completed: -1, config.Active: -1, config.Unexpected: -1},
 		shown(t, operator.GVK, refused, "pool", allCounts), "the pool of the refused namespace")
+
+	// The Role back: the first count written there includes the pod no
+	// webhook stamped, which the next sweep finds (30 s after a refused
+	// one), as does every count written after it.
+	w := watchPools(t, refused)
+	for _, b := range bindings.Items {
+		b.ResourceVersion = ""
+		require.NoError(t, env.Client.Create(ctx, &b))
+	}
+	var first map[config.Count]int64
+	require.Eventually(t, func() bool {
+		select {
+		case ev := <-w.ResultChan():
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			if ok && u.Object["status"] != nil {
+				first = fieldsOf(u, allCounts)
+				return true
+			}
+		default:
+		}
+		return false
+	}, 150*time.Second, 50*time.Millisecond, "the pool of %s is written once its Role is back", refused)
+	assert.Equal(t, int64(3), first[config.Active], "the first count written in %s: its two pods and the one the sweep found", refused)
 }
 
 // installNamespaced creates the aggregator's RBAC as the chart renders it

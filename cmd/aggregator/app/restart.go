@@ -95,7 +95,7 @@ func (p *probes) serve(ctx context.Context, addr string) (func(), error) {
 // again, by reason.
 var managerRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tally_aggregator_manager_restarts_total",
-	Help: "Managers the aggregator stopped and started again in its process, by reason: stale_view (the pod view stayed stale with nothing delivered for 20 s of time the API server answered; a relist that makes progress is never cut, nor a view the API server throttles or refuses), lease_lost, or error (the API server unreachable at start, or another failure; the log says which).",
+	Help: "Managers the aggregator stopped and started again in its process, by reason: stale_view (the pod view stayed stale with nothing delivered for 20 s of time the API server answered; a relist that makes progress is never cut, nor a view the API server throttles), lease_lost, or error (the API server unreachable at start, or another failure; the log says which).",
 }, []string{"reason"})
 
 func init() { metrics.Registry.MustRegister(managerRestarts) }
