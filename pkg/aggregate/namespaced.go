@@ -43,9 +43,8 @@ type informer struct {
 	shared toolscache.SharedIndexInformer
 }
 
-func (i *informer) LastSyncResourceVersion() string          { return i.shared.LastSyncResourceVersion() }
-func (i *informer) GetIndexer() toolscache.Indexer           { return i.shared.GetIndexer() }
-func (i *informer) AddIndexers(ix toolscache.Indexers) error { return i.shared.AddIndexers(ix) }
+func (i *informer) LastSyncResourceVersion() string { return i.shared.LastSyncResourceVersion() }
+func (i *informer) GetIndexer() toolscache.Indexer  { return i.shared.GetIndexer() }
 
 var _ freshness.Informer = (*informer)(nil)
 

@@ -17,7 +17,7 @@
 //
 // A Monitor observes the informer's requests through its transport (Wrap),
 // the informer itself (Attach) and the process's clock (Run), and is read
-// by the reconcilers (Fresh, Epoch) and by its Watchdog.
+// by the reconcilers (Fresh, Epoch) and by its watchdog (Views.Watchdog).
 package freshness
 
 import (

@@ -467,7 +467,7 @@ func TestWatchdog(t *testing.T) {
 					time.Sleep(100 * time.Millisecond)
 				}
 			}()
-			err = m.Watchdog(ctx, cfg, cmp.Or(tc.after, time.Second))
+			err = m.watchdog(ctx, cfg, cmp.Or(tc.after, time.Second), nil)
 			if tc.stops {
 				assert.ErrorIs(t, err, ErrStalled)
 			} else {

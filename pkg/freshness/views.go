@@ -92,7 +92,7 @@ func (v Views) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// Watchdog runs every monitor's Watchdog, and returns the first one's
+// Watchdog runs every monitor's watchdog, and returns the first one's
 // ErrStalled (the others stop), or nil once ctx is done. Of several, a view
 // the API server refuses (401, 403: the Role of its namespace missing) is
 // not a stall while another view is fresh: a new manager would be refused

@@ -11,7 +11,7 @@ import (
 )
 
 // StallAfter is how long a view may stay stale with nothing delivered,
-// counting only time the API server answered, before Watchdog gives up on
+// counting only time the API server answered, before the watchdog gives up on
 // the informer.
 const StallAfter = 20 * time.Second
 
@@ -19,7 +19,7 @@ const StallAfter = 20 * time.Second
 // API server answered.
 var ErrStalled = errors.New("the pod view stayed stale with nothing delivered while the API server answered: starting a new manager with new caches (giving up the lease, if held)")
 
-// Watchdog returns ErrStalled once the view has been stale with nothing
+// watchdog returns ErrStalled once the view has been stale with nothing
 // delivered (stalled) for after of time during which the API server
 // answered (its version, read through cfg within 2 s), or nil when ctx is
 // done. Whatever keeps the view from moving (a watch connection that
@@ -31,12 +31,7 @@ var ErrStalled = errors.New("the pod view stayed stale with nothing delivered wh
 // stale for good. A view that is stale because the API server throttles the
 // informer (429) starts the count anew: every replica is throttled alike,
 // and a new informer would only list again.
-func (m *Monitor) Watchdog(ctx context.Context, cfg *rest.Config, after time.Duration) error {
-	return m.watchdog(ctx, cfg, after, nil)
-}
-
-// watchdog is Watchdog, with the count also started anew while excused
-// (when set) says so.
+// The count also starts anew while excused (when set) says so (Views).
 func (m *Monitor) watchdog(ctx context.Context, cfg *rest.Config, after time.Duration, excused func() bool) error {
 	cfg = rest.CopyConfig(cfg)
 	cfg.Timeout = 2 * time.Second

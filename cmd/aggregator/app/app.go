@@ -82,7 +82,7 @@ const DefaultLeaderElectionID = "tally-aggregator"
 // from a pod view not known to be fresh (freshness.Monitor). When its
 // manager cannot start (the API server unreachable) or stops (the lease
 // lost, the pod view stale with nothing delivered while the API server
-// answers: freshness.Monitor.Watchdog), the aggregator starts a new one in
+// answers: freshness.Views.Watchdog), the aggregator starts a new one in
 // this process after a bounded back-off, not ready meanwhile: a process that
 // exited instead would pile up the kubelet's restart back-off (up to 5
 // minutes) on top of the outage.
