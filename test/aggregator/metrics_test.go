@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"tally.dev/tally/cmd/aggregator/app"
 	"tally.dev/tally/internal/process"
 	"tally.dev/tally/pkg/config"
+	"tally.dev/tally/pkg/freshness"
 )
 
 // token returns a token of a new service account of ns, allowed to get
@@ -72,4 +76,89 @@ func TestSecureMetrics(t *testing.T) {
 		"an anonymous scrape is not refused")
 	require.Equal(t, http.StatusForbidden, scrape(token(t, ns, "stranger", false)))
 	require.Equal(t, http.StatusOK, scrape(token(t, ns, "scraper", true)))
+}
+
+// TestMetricsServedAcrossManagers: the metrics endpoint is the process's,
+// not a manager's. An aggregator whose pod reads are refused stalls, and
+// starts manager after manager; every scrape meanwhile must be answered,
+// and the pod view's staleness must keep growing across them. An endpoint
+// that went with each manager would reset the TallyPodWatchStale alert at
+// every restart, and it would never fire.
+func TestMetricsServedAcrossManagers(t *testing.T) {
+	port, err := process.FreePort()
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	restCfg, _ := recording("system:serviceaccount:nowhere:nobody")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(ctx, &config.Config{Parents: []config.Parent{workerPools}}, restCfg,
+			app.Options{MetricsAddr: addr, ProbeAddr: "0", MaxConcurrentReconciles: 1})
+	}()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Error("the aggregator did not stop within 30s of its context's end")
+		}
+	}()
+
+	c := &http.Client{Timeout: 2 * time.Second}
+	scrape := func() (restarts, stale float64, err error) {
+		resp, err := c.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return 0, 0, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return 0, 0, err
+		}
+		restarts = sample(string(body), `tally_aggregator_manager_restarts_total{reason="stale_view"}`)
+		stale = sample(string(body), "tally_aggregator_pod_watch_stale_seconds")
+		return restarts, stale, nil
+	}
+	var first float64
+	require.Eventually(t, func() bool {
+		r, _, err := scrape()
+		first = r
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond, "the metrics endpoint never answered")
+
+	// Past the first stall (freshness.StallAfter of the API server
+	// answering), through the back-off, and into the next manager.
+	deadline := time.Now().Add(freshness.StallAfter + 30*time.Second)
+	var restartedAt time.Time
+	lastStale := 0.0
+	for time.Now().Before(deadline) && (restartedAt.IsZero() || time.Since(restartedAt) < 5*time.Second) {
+		restarts, stale, err := scrape()
+		require.NoError(t, err, "a scrape was not answered")
+		require.GreaterOrEqual(t, stale, lastStale, "the pod view's staleness went back from %.1fs to %.1fs", lastStale, stale)
+		lastStale = stale
+		if restarts > first && restartedAt.IsZero() {
+			restartedAt = time.Now()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.False(t, restartedAt.IsZero(), "no manager was started again after a stall within %s", freshness.StallAfter+30*time.Second)
+	require.Greater(t, lastStale, freshness.StallAfter.Seconds(), "the pod view's staleness did not outlast the stall")
+}
+
+// sample returns the value of the metric sample named name (with its
+// labels, as exposed) in an exposition; 0 when absent.
+func sample(exposition, name string) float64 {
+	for line := range strings.Lines(exposition) {
+		value, ok := strings.CutPrefix(strings.TrimSpace(line), name+" ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return 0
+		}
+		return v
+	}
+	return 0
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"tally.dev/tally/internal/apiwait"
 	"tally.dev/tally/internal/command"
@@ -135,6 +136,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		}
 		view = append(view, m)
 	}
+	// The metrics endpoint's reviews of its requesters are not the
+	// informers'.
+	metricsCfg := rest.CopyConfig(restCfg)
 	view.Wrap(restCfg)
 	view.Publish()
 	go view.Run(ctx)
@@ -158,12 +162,22 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		return fmt.Errorf("serving /healthz and /readyz on %s: %w", opts.ProbeAddr, err)
 	}
 	defer stopProbes()
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	stopMetrics, err := serveMetrics(ctx, metricsCfg, opts, fail)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	backoff := restartBackoff{min: 500 * time.Millisecond, max: 2 * time.Second}
 	for {
 		start := time.Now()
 		err := runManager(ctx, cfg, reducer, reports, restCfg, opts, view, namespaces, apiClock.Now, identity, &p)
 		p.set(nil)
 		if ctx.Err() != nil {
+			if err := failure(ctx); err != nil {
+				return err
+			}
 			log.Info("Aggregator stopped", "ran", time.Since(start).Round(time.Second).String())
 			return nil
 		}
@@ -179,10 +193,19 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config, opts Opt
 		log.Error(err, "Aggregator stopped; starting again in this process", "ran", time.Since(start).Round(time.Second).String(), "in", wait.String())
 		select {
 		case <-ctx.Done():
-			return nil
+			return failure(ctx)
 		case <-time.After(wait):
 		}
 	}
+}
+
+// failure returns why the process's run ended, once ctx is done: nil when
+// it was told to stop, the error of what it serves otherwise.
+func failure(ctx context.Context) error {
+	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return cause
+	}
+	return nil
 }
 
 // errConfig marks a configuration the API server refuses: starting again
@@ -266,8 +289,9 @@ func runManager(ctx context.Context, cfg *config.Config, reducer *count.Reducer,
 		// their own (aggregate.NewPodCaches), one per namespace.
 		Cache:    aggregate.CacheOptions(reducer, namespaces),
 		NewCache: apiwait.Until(ctx, apiwait.NewCache),
-		Metrics:  command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure),
-		// The process serves the probes (probes), across managers.
+		// The process serves the metrics and the probes (serveMetrics,
+		// probes), across managers.
+		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Logger:                 log,
 	}

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -10,8 +11,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"tally.dev/tally/internal/command"
 	"tally.dev/tally/pkg/freshness"
 )
 
@@ -87,6 +91,40 @@ func (p *probes) serve(ctx context.Context, addr string) (func(), error) {
 		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
+		<-done
+	}, nil
+}
+
+// serveMetrics serves the metrics endpoint on opts.MetricsAddr for the life
+// of the process, across the managers it runs one after the other: a
+// manager's own endpoint would stop with it, and a scrape that finds none
+// resets the alerts about the very stall that stopped it (a pod view stale
+// for minutes, manager after manager). stop ends the process's run with the
+// server's error should it fail (its address taken); the returned func
+// stops the server and waits for it to end.
+func serveMetrics(ctx context.Context, restCfg *rest.Config, opts Options, stop context.CancelCauseFunc) (func(), error) {
+	httpClient, err := rest.HTTPClientFor(restCfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating the metrics endpoint's client: %w", err)
+	}
+	srv, err := metricsserver.NewServer(command.MetricsOptions(opts.MetricsAddr, opts.MetricsSecure), restCfg, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("creating the metrics endpoint: %w", err)
+	}
+	if srv == nil {
+		// "0": none.
+		return func() {}, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Start(ctx); err != nil {
+			stop(fmt.Errorf("serving metrics on %s: %w", opts.MetricsAddr, err))
+		}
+	}()
+	return func() {
+		cancel()
 		<-done
 	}, nil
 }
