@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -161,4 +162,20 @@ func sample(exposition, name string) float64 {
 		return v
 	}
 	return 0
+}
+
+// TestMetricsAddressTaken: an aggregator that cannot serve its metrics
+// (the address taken) stops with an error naming the address, rather than
+// running unwatched.
+func TestMetricsAddressTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = app.Run(ctx, &config.Config{Parents: []config.Parent{workerPools}}, env.Config,
+		app.Options{MetricsAddr: ln.Addr().String(), ProbeAddr: "0", MaxConcurrentReconciles: 1})
+	require.Error(t, err)
+	require.NoError(t, ctx.Err(), "the aggregator ran until its context ended")
+	require.ErrorContains(t, err, "serving metrics on "+ln.Addr().String())
 }
