@@ -106,7 +106,7 @@ func TestMetricsServedAcrossManagers(t *testing.T) {
 		}
 	}()
 
-	c := &http.Client{Timeout: 2 * time.Second}
+	c := &http.Client{Timeout: 5 * time.Second}
 	scrape := func() (restarts, stale float64, err error) {
 		resp, err := c.Get("http://" + addr + "/metrics")
 		if err != nil {
@@ -116,6 +116,9 @@ func TestMetricsServedAcrossManagers(t *testing.T) {
 		body, err := io.ReadAll(resp.Body)
 		if err != nil {
 			return 0, 0, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return 0, 0, fmt.Errorf("%s: %s", resp.Status, body)
 		}
 		restarts = sample(string(body), `tally_aggregator_manager_restarts_total{reason="stale_view"}`)
 		stale = sample(string(body), "tally_aggregator_pod_watch_stale_seconds")
@@ -133,7 +136,7 @@ func TestMetricsServedAcrossManagers(t *testing.T) {
 	deadline := time.Now().Add(freshness.StallAfter + 30*time.Second)
 	var restartedAt time.Time
 	lastStale := 0.0
-	for time.Now().Before(deadline) && (restartedAt.IsZero() || time.Since(restartedAt) < 5*time.Second) {
+	for (restartedAt.IsZero() && time.Now().Before(deadline)) || (!restartedAt.IsZero() && time.Since(restartedAt) < 5*time.Second) {
 		restarts, stale, err := scrape()
 		require.NoError(t, err, "a scrape was not answered")
 		require.GreaterOrEqual(t, stale, lastStale, "the pod view's staleness went back from %.1fs to %.1fs", lastStale, stale)

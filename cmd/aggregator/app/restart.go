@@ -97,11 +97,13 @@ func (p *probes) serve(ctx context.Context, addr string) (func(), error) {
 
 // serveMetrics serves the metrics endpoint on opts.MetricsAddr for the life
 // of the process, across the managers it runs one after the other: a
-// manager's own endpoint would stop with it, and a scrape that finds none
-// resets the alerts about the very stall that stopped it (a pod view stale
-// for minutes, manager after manager). stop ends the process's run with the
-// server's error should it fail (its address taken); the returned func
-// stops the server and waits for it to end.
+// manager's own endpoint goes with it, and a scrape between two managers
+// that finds none resets the alerts about the very stall that stopped the
+// first (a pod view stale for minutes, manager after manager). It returns
+// once the endpoint listens, or with the error that keeps it from
+// listening (its address taken). stop ends the process's run with the
+// server's error should it fail later; the returned func stops the server,
+// waiting for it at most metricsShutdown.
 func serveMetrics(ctx context.Context, restCfg *rest.Config, opts Options, stop context.CancelCauseFunc) (func(), error) {
 	httpClient, err := rest.HTTPClientFor(restCfg)
 	if err != nil {
@@ -116,17 +118,56 @@ func serveMetrics(ctx context.Context, restCfg *rest.Config, opts Options, stop 
 		return func() {}, nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	ended := make(chan error, 1)
+	go func() { ended <- srv.Start(ctx) }()
+	if err := waitListening(srv, ended); err != nil {
+		cancel()
+		return nil, fmt.Errorf("serving metrics on %s: %w", opts.MetricsAddr, err)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := srv.Start(ctx); err != nil {
+		if err := <-ended; err != nil {
 			stop(fmt.Errorf("serving metrics on %s: %w", opts.MetricsAddr, err))
 		}
 	}()
 	return func() {
 		cancel()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(metricsShutdown):
+		}
 	}, nil
+}
+
+// metricsShutdown bounds the wait for the metrics endpoint to end: its
+// server gives a scrape under way a minute, longer than a pod's grace.
+const metricsShutdown = 5 * time.Second
+
+// waitListening waits, at most 10 s, for srv to listen, and returns the
+// error it ended with if it ended first. A server that does not tell its
+// address is not waited for.
+func waitListening(srv metricsserver.Server, ended <-chan error) error {
+	bound, ok := srv.(interface{ GetBindAddr() string })
+	if !ok {
+		return nil
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	timeout := time.After(10 * time.Second)
+	for bound.GetBindAddr() == "" {
+		select {
+		case err := <-ended:
+			if err == nil {
+				err = errors.New("the server ended before it listened")
+			}
+			return err
+		case <-timeout:
+			return errors.New("not listening after 10s")
+		case <-tick.C:
+		}
+	}
+	return nil
 }
 
 // managerRestarts counts the managers this process stopped and started
