@@ -121,7 +121,12 @@ func serveMetrics(ctx context.Context, restCfg *rest.Config, opts Options, stop 
 	ended := make(chan error, 1)
 	go func() { ended <- srv.Start(ctx) }()
 	if err := waitListening(srv, ended); err != nil {
+		stopping := ctx.Err() != nil
 		cancel()
+		if stopping {
+			// Told to stop while it started: not a failure.
+			return func() {}, nil
+		}
 		return nil, fmt.Errorf("serving metrics on %s: %w", opts.MetricsAddr, err)
 	}
 	done := make(chan struct{})
