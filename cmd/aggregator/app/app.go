@@ -1,7 +1,8 @@
-// Package app wires tally's aggregator into a controller-runtime manager:
-// the shared pod cache, one controller per parent kind, leader election,
-// metrics and health endpoints. cmd/aggregator and the test suites start
-// the aggregator through Run.
+// Package app wires tally's aggregator into controller-runtime managers,
+// run one after the other in the process: the shared pod cache, one
+// controller per parent kind, leader election; the metrics and health
+// endpoints are the process's, across them. cmd/aggregator and the test
+// suites start the aggregator through Run.
 package app
 
 import (
