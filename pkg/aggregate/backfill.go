@@ -119,19 +119,23 @@ func (b *Backfill) Start(ctx context.Context) error {
 	}
 
 	for {
-		// A namespace the last sweep may not list is tried again sooner:
-		// its parents are not written until a sweep has read it (Swept).
-		wait := b.interval
-		if b.refusedLast.Load() {
-			wait = min(wait, refusedRetry)
-		}
-		if !sleep(ctx, wait) {
+		if !sleep(ctx, b.next()) {
 			return nil
 		}
 		if _, err := b.Sweep(ctx); err != nil && ctx.Err() == nil {
-			b.log.Error(err, "Backfill sweep failed; the next one retries", "in", b.interval.String())
+			b.log.Error(err, "Backfill sweep failed; the next one retries", "in", b.next().String())
 		}
 	}
+}
+
+// next returns the wait before the next sweep: the interval, or less after
+// a sweep that may not list the pods of a namespace, whose parents are not
+// written until a sweep has read it (Swept).
+func (b *Backfill) next() time.Duration {
+	if b.refusedLast.Load() {
+		return min(b.interval, refusedRetry)
+	}
+	return b.interval
 }
 
 // refusedRetry is how soon a sweep follows one that may not list the pods

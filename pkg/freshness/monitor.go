@@ -21,6 +21,7 @@
 package freshness
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -120,10 +121,11 @@ type Monitor struct {
 	// failure (an error, a 429, a pause), which the log says.
 	loud      bool
 	loudSince time.Duration
-	// throttled is set while the last answer to the informer's list or
-	// watch was 429 Too Many Requests, refused while it was 401 or 403;
-	// failing while it was not 200.
-	throttled, refused, failing bool
+	// answer is the status of the last answer to the informer's list or
+	// watch (0 while a request waits for one, or got none); failing is set
+	// while it was not 200.
+	answer  int
+	failing bool
 	// bar is what the barrier of generation bar.gen established.
 	bar barrierState
 	// delivered is the last version the cache was seen to hold, and
@@ -312,24 +314,15 @@ func (m *Monitor) Stale() time.Duration {
 	return m.now() - m.staleSince
 }
 
-// isThrottled reports whether the view is not fresh while the API server
-// throttles the informer's list or watch (its last answer was 429): every
-// replica meets that alike.
-func (m *Monitor) isThrottled() bool {
+// staleAnswered reports whether the view is not fresh while the last
+// answer to the informer's list or watch was one of statuses: 429 (the API
+// server throttles it, as it does every replica), or 401 and 403 (refused:
+// a permission missing).
+func (m *Monitor) staleAnswered(statuses ...int) bool {
 	fresh := m.Fresh()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return !fresh && m.throttled
-}
-
-// isRefused reports whether the view is not fresh while the API server
-// refuses the informer's list or watch (its last answer was 401 or 403: a
-// permission missing).
-func (m *Monitor) isRefused() bool {
-	fresh := m.Fresh()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return !fresh && m.refused
+	return !fresh && slices.Contains(statuses, m.answer)
 }
 
 // stalled returns how long the view has not been fresh with nothing

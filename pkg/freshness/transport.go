@@ -77,8 +77,7 @@ func (m *Monitor) answered(ok bool) bool {
 // or watch (0 while none).
 func (m *Monitor) setAnswer(status int) {
 	m.mu.Lock()
-	m.throttled = status == http.StatusTooManyRequests
-	m.refused = status == http.StatusUnauthorized || status == http.StatusForbidden
+	m.answer = status
 	m.mu.Unlock()
 }
 

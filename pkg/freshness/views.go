@@ -2,6 +2,7 @@ package freshness
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"time"
 
@@ -106,7 +107,7 @@ func (v Views) Watchdog(ctx context.Context, cfg *rest.Config, after time.Durati
 	for _, m := range v {
 		var excused func() bool
 		if len(v) > 1 {
-			excused = func() bool { return m.isRefused() && v.freshBut(m) }
+			excused = func() bool { return m.staleAnswered(http.StatusUnauthorized, http.StatusForbidden) && v.freshBut(m) }
 		}
 		go func() { errs <- m.watchdog(ctx, cfg, after, excused) }()
 	}

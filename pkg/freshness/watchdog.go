@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"k8s.io/client-go/discovery"
@@ -55,7 +56,7 @@ func (m *Monitor) watchdog(ctx context.Context, cfg *rest.Config, after time.Dur
 		step := now - last
 		last = now
 		stalled := m.stalled()
-		if stalled == 0 || m.isThrottled() || (excused != nil && excused()) {
+		if stalled == 0 || m.staleAnswered(http.StatusTooManyRequests) || (excused != nil && excused()) {
 			answered = 0
 			continue
 		}
